@@ -1,0 +1,81 @@
+"""pjrt-plugins: find PJRT device plugins, run programs on them, shard torch tensors over them.
+
+Importing this package registers every installed backend (entry-point group
+``torch_xla.plugins``) without opening any library or importing torch, numpy or cffi;
+set ``PJRT_PLUGINS_AUTOLOAD=0`` to skip that and call :func:`discover_plugins` yourself.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from ._plugin import DevicePlugin
+from ._registry import (
+    PluginRecord,
+    canonical_name,
+    create_client,
+    default_plugin,
+    get_plugin,
+    plugin_records,
+    register_plugin,
+    registered_plugins,
+)
+from ._discovery import autoload_enabled, discover_plugins
+from ._marker import hookimpl
+from .errors import (
+    ApiVersionError,
+    LibraryLoadError,
+    PjrtError,
+    PjrtPluginsError,
+    PluginLoadError,
+    PluginNotFoundError,
+    PluginUnavailableError,
+    PluginWarning,
+    UnsupportedFunctionError,
+)
+
+__all__ = [
+    "ApiVersionError",
+    "DevicePlugin",
+    "LibraryLoadError",
+    "OptionType",
+    "PjrtError",
+    "PjrtPluginsError",
+    "PluginLoadError",
+    "PluginNotFoundError",
+    "PluginRecord",
+    "PluginUnavailableError",
+    "PluginWarning",
+    "UnsupportedFunctionError",
+    "autoload_enabled",
+    "canonical_name",
+    "create_client",
+    "default_plugin",
+    "discover_plugins",
+    "get_plugin",
+    "hookimpl",
+    "hookspec",
+    "plugin_records",
+    "register_plugin",
+    "registered_plugins",
+]
+
+
+
+def __getattr__(name: str) -> object:
+    # Loaded on first use, to keep `import pjrt_plugins` cheap: .options imports difflib and
+    # dataclasses, .hookspecs imports pluggy (and inspect).
+    if name == "OptionType":
+        from .options import OptionType
+
+        return OptionType
+    if name == "hookspec":
+        from .hookspecs import hookspec
+
+        return hookspec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Last, so that plugin modules imported by discovery can already use everything above.
+if autoload_enabled():
+    discover_plugins()

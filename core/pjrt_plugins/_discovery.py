@@ -1,0 +1,423 @@
+"""Discovery: find installed plugins and environment-named libraries, load each in isolation, register.
+
+Read top to bottom: candidates -> one winner per name -> load (or defer) -> register.
+A failing plugin becomes a warning and a "failed" record; it never stops the others.
+Nothing here opens a PJRT library or imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Mapping
+from importlib.metadata import Distribution, EntryPoint
+from pathlib import Path
+from typing import Any
+
+from . import _registry
+from ._library_plugin import LibrarySpec, library_specs_from_environment, make_library_plugin
+from ._plugin import DevicePlugin
+from ._registry import PluginRecord, canonical_name
+from ._torch_xla import distribution_name, is_torch_xla_distribution, normalize_distribution_name
+from .errors import PluginLoadError, PluginWarning
+
+logger = logging.getLogger(__name__)
+
+#: The entry-point group backends register in (shared with PyTorch/XLA).
+PLUGINS_GROUP = "torch_xla.plugins"
+#: Site overrides: entry name = the plugin to layer over (``*`` for all), target = an object with hookimpls.
+OVERRIDES_GROUP = "pjrt_plugins.overrides"
+#: ``0``/``false``/``no``/``off`` turns discovery at ``import pjrt_plugins`` off.
+AUTOLOAD_VAR = "PJRT_PLUGINS_AUTOLOAD"
+#: ``name=distribution,...``: which distribution wins a name offered by several.
+PREFER_VAR = "PJRT_PLUGINS_PREFER"
+
+_OFF = {"0", "false", "no", "off"}
+_ON = {"", "1", "true", "yes", "on"}
+_discovery_lock = threading.RLock()
+_seen: set[tuple[str, ...]] = set()  # candidates already handled by an earlier discover_plugins()
+_site_overrides: dict[str, list[tuple[EntryPoint, str | None]]] = {}
+_discovering = False
+
+
+def autoload_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``import pjrt_plugins`` discovers plugins (``PJRT_PLUGINS_AUTOLOAD``, default on)."""
+    raw = (os.environ if environ is None else environ).get(AUTOLOAD_VAR, "").strip().lower()
+    if raw in _OFF:
+        return False
+    if raw not in _ON:
+        warnings.warn(f"{AUTOLOAD_VAR}={raw!r} is not one of 0/1/true/false; keeping autoload on", PluginWarning, stacklevel=2)
+    return True
+
+
+class _Candidate:
+    """One offer of a plugin name: an entry point or an environment-named library."""
+
+    def __init__(
+        self,
+        name: str,
+        origin: str,
+        *,
+        entry_point: EntryPoint | None = None,
+        dist: Distribution | None = None,
+        distribution: str | None = None,  # normalized name
+        library: LibrarySpec | None = None,
+        deferred_reason: str | None = None,
+    ) -> None:
+        self.name = name
+        self.origin = origin
+        self.entry_point = entry_point
+        self.dist = dist
+        self.distribution = distribution
+        self.library = library
+        self.deferred_reason = deferred_reason
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return (self.name, self.origin, self.distribution or "")
+
+    def label(self) -> str:
+        if self.distribution is None:
+            return self.origin
+        version = _version(self.dist)
+        return f"{self.distribution} {version}" if version else self.distribution
+
+
+def _version(dist: Distribution | None) -> str | None:
+    try:
+        return dist.version if dist is not None else None
+    except Exception:
+        return None
+
+
+def _entry_points(*groups: str) -> list[list[EntryPoint]]:
+    """The entry points of each group, from one scan of the installed distributions."""
+    everything = importlib.metadata.entry_points()  # one scan; entry_points(group=) would rescan per group
+    return [list(everything.select(group=group)) for group in groups]
+
+
+def _deferred_reason(ep: EntryPoint, dist: Distribution | None) -> str | None:
+    """PyTorch/XLA's own entries import torch_xla (and torch): load them only when asked for."""
+    module = ep.value.partition(":")[0].strip()
+    if is_torch_xla_distribution(dist) or module == "torch_xla" or module.startswith("torch_xla."):
+        return "provided by PyTorch/XLA; loading it imports torch_xla, so it loads on first use"
+    return None
+
+
+def _entry_point_candidates(entry_points: list[EntryPoint]) -> list[_Candidate]:
+    candidates = []
+    for ep in entry_points:
+        dist = getattr(ep, "dist", None)
+        origin = f"entry point {PLUGINS_GROUP}: {ep.name} = {ep.value}"
+        try:
+            name = canonical_name(ep.name)
+        except ValueError as exc:
+            warnings.warn(f"pjrt_plugins: skipping {origin}: {exc}", PluginWarning, stacklevel=3)
+            continue
+        candidates.append(
+            _Candidate(
+                name,
+                origin,
+                entry_point=ep,
+                dist=dist,
+                distribution=distribution_name(dist),
+                deferred_reason=_deferred_reason(ep, dist),
+            )
+        )
+    return candidates
+
+
+def _environment_candidates() -> list[_Candidate]:
+    candidates = []
+    for spec in library_specs_from_environment():
+        if isinstance(spec, str):  # an entry that does not parse
+            warnings.warn(f"pjrt_plugins: {spec}", PluginWarning, stacklevel=3)
+            continue
+        try:
+            name = canonical_name(spec.name)
+        except ValueError as exc:
+            warnings.warn(f"pjrt_plugins: {spec.variable}: {exc}", PluginWarning, stacklevel=3)
+            continue
+        candidates.append(_Candidate(name, f"environment variable {spec.variable}", library=spec))
+    return candidates
+
+
+def _preferences() -> dict[str, str]:
+    prefs = {}
+    for item in filter(None, (p.strip() for p in os.environ.get(PREFER_VAR, "").split(","))):
+        name, sep, dist = item.partition("=")
+        if not sep or not name.strip() or not dist.strip():
+            warnings.warn(f"pjrt_plugins: {PREFER_VAR} entry {item!r} is not NAME=DISTRIBUTION", PluginWarning, stacklevel=3)
+            continue
+        prefs[name.strip().lower()] = normalize_distribution_name(dist.strip())
+    return prefs
+
+
+class _SysPathOrder:
+    """Index of the sys.path entry a distribution was found in (computed only for duplicates)."""
+
+    def __init__(self) -> None:
+        self._index: dict[Path, int] | None = None
+
+    def __call__(self, dist: Distribution | None) -> int:
+        if self._index is None:
+            self._index = {}
+            for i, entry in enumerate(sys.path):
+                try:
+                    self._index.setdefault(Path(entry or os.getcwd()).resolve(), i)
+                except OSError:
+                    continue
+        try:
+            location = Path(dist.locate_file("")).resolve()  # type: ignore[union-attr]
+        except Exception:
+            return len(sys.path)
+        return self._index.get(location, len(sys.path))
+
+
+def _rank(candidates: list[_Candidate], preferred: str | None, path_order: _SysPathOrder) -> list[_Candidate]:
+    """The documented duplicate rule; the first candidate wins.
+
+    1. a library named in the environment (an explicit choice for this process);
+    2. the distribution named for this plugin in PJRT_PLUGINS_PREFER;
+    3. an entry point loaded at import over a deferred (PyTorch/XLA) one;
+    4. the distribution found earlier on sys.path (as ``import`` would);
+    5. the alphabetically first distribution name, then entry-point value.
+    """
+
+    def key(c: _Candidate) -> tuple:
+        return (
+            c.library is None,
+            not (preferred is not None and c.distribution == preferred),
+            c.deferred_reason is not None,
+            path_order(c.dist) if c.library is None else 0,
+            c.distribution or "",
+            c.entry_point.value if c.entry_point is not None else c.origin,
+        )
+
+    return sorted(candidates, key=key)
+
+
+def _warn_shadowed(winner: _Candidate, losers: list[_Candidate], preferred: str | None) -> None:
+    quiet = preferred is not None and winner.distribution == preferred
+    loud = [c for c in losers if not (winner.deferred_reason is None and is_torch_xla_distribution(c.dist))]
+    if logger.isEnabledFor(logging.INFO):  # labels read METADATA; only pay for them when logged
+        for loser in losers:
+            logger.info("plugin %r: %s shadows %s", winner.name, winner.label(), loser.label())
+    if quiet or not loud:
+        return
+    others = ", ".join(c.label() for c in loud)
+    if winner.library is not None:
+        fix = f"Remove {winner.name!r} from {winner.library.variable} to use the installed plugin."
+    else:
+        alternatives = ", ".join(sorted({c.distribution for c in loud if c.distribution}))
+        fix = f"Set {PREFER_VAR}={winner.name}=<distribution> (one of: {alternatives}) to choose, or uninstall one."
+    warnings.warn(
+        f"pjrt_plugins: plugin name {winner.name!r} is offered by {winner.label()} and by {others}; "
+        f"using {winner.label() if winner.library else f'{winner.label()} ({winner.origin})'}. {fix}",
+        PluginWarning,
+        stacklevel=4,
+    )
+
+
+def _load_entry_point(candidate: _Candidate) -> DevicePlugin:
+    """Import and call one entry point; every failure becomes a PluginLoadError with a hint."""
+    ep = candidate.entry_point
+    assert ep is not None
+    where = f"plugin {candidate.name!r} from {candidate.label()} ({candidate.origin})"
+    try:
+        target = ep.load()
+    except Exception as exc:
+        raise PluginLoadError(
+            f"{where} failed to import: {type(exc).__name__}: {exc}. "
+            f"Hint: reinstall or upgrade {candidate.distribution or 'its package'} "
+            f"(pip install --force-reinstall {candidate.distribution or '<package>'}), or uninstall it."
+        ) from exc
+    try:
+        return _plugin_from_target(target)
+    except Exception as exc:
+        raise PluginLoadError(
+            f"{where} failed to construct: {type(exc).__name__}: {exc}. "
+            f"Hint: {candidate.distribution or 'the package'} may not match this pjrt-plugins version; "
+            "upgrade it, or report this to its maintainers."
+        ) from exc
+
+
+def _plugin_from_target(target: Any) -> DevicePlugin:
+    """Call the target as PyTorch/XLA does (``ep.load()()``) and adapt what it returns."""
+    if not callable(target):
+        raise TypeError(
+            f"the entry point names {type(target).__name__} {target!r}; it must name a DevicePlugin class "
+            "(or a zero-argument factory), because PyTorch/XLA calls it"
+        )
+    return _registry._coerce(target())
+
+
+def _record_for(candidate: _Candidate) -> PluginRecord:
+    """Load, defer or fail one winning candidate; failures are warned about here."""
+    common = dict(distribution=candidate.distribution, dist=candidate.dist)
+    if candidate.library is not None:
+        try:
+            plugin: DevicePlugin = make_library_plugin(candidate.library)
+        except ValueError as exc:
+            error = PluginLoadError(f"plugin {candidate.name!r}: {exc}")
+            error.__cause__ = exc
+            warnings.warn(f"pjrt_plugins: skipping {error}", PluginWarning, stacklevel=4)
+            return PluginRecord(candidate.name, candidate.origin, error=error)
+        return PluginRecord(candidate.name, candidate.origin, plugin=plugin)
+    def ready() -> bool:
+        return _module_being_imported(candidate.entry_point) is None
+
+    if candidate.deferred_reason is not None:  # PyTorch/XLA's own: only when asked for by name
+        return PluginRecord(
+            candidate.name,
+            candidate.origin,
+            loader=lambda: _load_entry_point(candidate),
+            deferred_reason=candidate.deferred_reason,
+            ready=ready,
+            **common,
+        )
+    importing = _module_being_imported(candidate.entry_point)
+    if importing is not None:
+        # Typically: `import vendor_plugin` (or PyTorch/XLA's loader) imported pjrt_plugins from
+        # inside vendor_plugin. Loading it now would hit the half-built module; load it when done.
+        return PluginRecord(
+            candidate.name,
+            candidate.origin,
+            loader=lambda: _load_entry_point(candidate),
+            deferred_reason=f"its module {importing!r} was still being imported; it loads once that import is done",
+            ready=ready,
+            load_when_ready=True,
+            **common,
+        )
+    try:
+        plugin = _load_entry_point(candidate)
+    except PluginLoadError as error:
+        record = PluginRecord(candidate.name, candidate.origin, error=error, **common)
+        _registry.warn_load_failure(record, error, stacklevel=5)
+        return record
+    return PluginRecord(candidate.name, candidate.origin, plugin=plugin, **common)
+
+
+def _module_being_imported(ep: EntryPoint | None) -> str | None:
+    """The entry point's module (or a parent package) if it is in the middle of its own import."""
+    if ep is None:
+        return None
+    parts = ep.module.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        module = sys.modules.get(name)
+        if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return name
+    return None
+
+
+def _shadow_record(candidate: _Candidate) -> PluginRecord:
+    return PluginRecord(
+        candidate.name,
+        candidate.origin,
+        distribution=candidate.distribution,
+        dist=candidate.dist,
+        deferred_reason=candidate.deferred_reason,
+    )
+
+
+# -- site overrides --------------------------------------------------------------
+
+
+def _read_site_overrides(entry_points: list[EntryPoint]) -> None:
+    for ep in entry_points:
+        try:
+            target = canonical_name(ep.name) if ep.name.strip() != "*" else "*"
+        except ValueError as exc:
+            warnings.warn(f"pjrt_plugins: skipping override {ep.name} = {ep.value}: {exc}", PluginWarning, stacklevel=3)
+            continue
+        dist = getattr(ep, "dist", None)
+        entries = _site_overrides.setdefault(target, [])
+        if all(existing.value != ep.value for existing, _ in entries):
+            entries.append((ep, distribution_name(dist)))
+
+
+def _apply_site_overrides(plugin: DevicePlugin, record: PluginRecord) -> None:
+    """Layer every override registered for this name (or ``*``) over the plugin."""
+    for ep, distribution in _site_overrides.get("*", []) + _site_overrides.get(record.name, []):
+        where = f"override {ep.name} = {ep.value} from {distribution or 'an unknown distribution'}"
+        try:
+            target = ep.load()
+            override = target() if isinstance(target, type) else target
+            plugin.add_override(override, name=f"site-override:{ep.name}:{ep.value}")
+        except Exception as exc:
+            version = _version(getattr(ep, "dist", None))
+            warnings.warn(
+                f"pjrt_plugins: {where}{' ' + version if version else ''} was not applied to plugin "
+                f"{record.name!r}: {type(exc).__name__}: {exc}. The plugin works without it.",
+                PluginWarning,
+                stacklevel=2,
+            )
+        else:
+            logger.debug("applied %s to plugin %r", where, record.name)
+
+
+_registry._attach_callbacks.append(_apply_site_overrides)
+
+
+# -- the one public entry -------------------------------------------------------------
+
+
+def discover_plugins() -> list[PluginRecord]:
+    """Register every installed plugin and every library named in the environment.
+
+    Runs at ``import pjrt_plugins`` unless ``PJRT_PLUGINS_AUTOLOAD=0``. Calling it
+    again registers only what is new since the last call (a name already taken
+    keeps its plugin; the newcomer is recorded as shadowed and warned about).
+    Returns the records it registered.
+    """
+    global _discovering
+    with _discovery_lock:
+        if _discovering:  # a plugin's import called us again
+            return []
+        _discovering = True
+        try:
+            return _discover()
+        finally:
+            _discovering = False
+            _registry._state["discovered"] = True
+
+
+def _discover() -> list[PluginRecord]:
+    plugin_eps, override_eps = _entry_points(PLUGINS_GROUP, OVERRIDES_GROUP)
+    _read_site_overrides(override_eps)
+    candidates = _environment_candidates() + _entry_point_candidates(plugin_eps)
+    candidates = [c for c in candidates if c.key not in _seen]
+    _seen.update(c.key for c in candidates)
+
+    by_name: dict[str, list[_Candidate]] = {}
+    for candidate in candidates:
+        by_name.setdefault(candidate.name, []).append(candidate)
+
+    preferences = _preferences()
+    path_order = _SysPathOrder()
+    registered = []
+    for name, offers in by_name.items():
+        ranked = _rank(offers, preferences.get(name), path_order) if len(offers) > 1 else offers
+        winner, losers = ranked[0], ranked[1:]
+        existing = _registry._records.get(name)
+        if existing is not None:  # registered earlier (register_plugin or a previous discovery)
+            existing.shadowed.extend(_shadow_record(c) for c in ranked)
+            warnings.warn(
+                f"pjrt_plugins: plugin name {name!r} is already registered from {existing.provider}; "
+                f"ignoring {', '.join(c.label() for c in ranked)}",
+                PluginWarning,
+                stacklevel=3,
+            )
+            continue
+        if losers:
+            _warn_shadowed(winner, losers, preferences.get(name))
+        record = _record_for(winner)
+        record.shadowed.extend(_shadow_record(c) for c in losers)
+        _registry._add_record(record)
+        registered.append(record)
+    return registered

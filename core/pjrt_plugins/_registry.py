@@ -1,0 +1,348 @@
+"""The plugin registry: one record per canonical name, lookup, and default selection.
+
+Discovery fills it (``_discovery.py``); nothing here reads entry points, opens a
+library or imports torch. Names are canonicalized once, by :func:`canonical_name`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._plugin import DevicePlugin
+from .errors import PluginLoadError, PluginNotFoundError, PluginUnavailableError, PluginWarning
+
+if TYPE_CHECKING:  # pragma: no cover
+    from importlib.metadata import Distribution
+
+    from .runtime import Client
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming the default plugin (as in PyTorch/XLA), any case.
+PJRT_DEVICE_VAR = "PJRT_DEVICE"
+_BAD_NAME_CHARS = re.compile(r"[\s,:=;/\\]")
+
+
+def canonical_name(name: str) -> str:
+    """The one spelling of a plugin name used everywhere: stripped and lower-case.
+
+    Raises ``ValueError`` for an empty name or one with whitespace or any of
+    ``, : = ; / \\`` (they would not survive the environment-variable formats).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a plugin name must be a str, got {type(name).__name__}")
+    canonical = name.strip().lower()
+    if not canonical or _BAD_NAME_CHARS.search(canonical):
+        raise ValueError(f"invalid plugin name {name!r}: use letters, digits, '-', '_' or '.'")
+    return canonical
+
+
+class PluginRecord:
+    """Everything known about one registered name; read-only for users.
+
+    ``status`` is ``"loaded"`` (``plugin`` is set), ``"failed"`` (``error`` is the
+    :class:`PluginLoadError` to raise, its ``__cause__`` the original error) or
+    ``"deferred"`` (loaded on first :func:`get_plugin`; see ``deferred_reason``).
+    ``ready()`` says whether a deferred record can load now (not while its
+    module is mid-import); with ``load_when_ready`` it loads by itself at the
+    next registry call once ready (a module that was mid-import at discovery).
+    ``shadowed`` lists the records that offered the same name and lost.
+    ``version`` is read from the distribution's metadata only when first asked.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        origin: str,
+        *,
+        distribution: str | None = None,
+        version: str | None = None,
+        dist: Distribution | None = None,
+        plugin: DevicePlugin | None = None,
+        error: PluginLoadError | None = None,
+        loader: Callable[[], DevicePlugin] | None = None,
+        deferred_reason: str | None = None,
+        ready: Callable[[], bool] | None = None,
+        load_when_ready: bool = False,
+    ) -> None:
+        self.name = name
+        self.origin = origin  # e.g. "entry point torch_xla.plugins: cpu = pkg:Cls"
+        self.distribution = distribution
+        self._version = version
+        self._dist = dist
+        self.plugin = plugin
+        self.error = error
+        self.loader = loader
+        self.deferred_reason = deferred_reason
+        self.ready = ready
+        self.load_when_ready = load_when_ready
+        self.shadowed: list[PluginRecord] = []
+
+    @property
+    def version(self) -> str | None:
+        if self._version is None and self._dist is not None:
+            try:
+                self._version = self._dist.version
+            except Exception:  # unreadable METADATA: show no version rather than fail
+                self._version = None
+            self._dist = None
+        return self._version
+
+    @property
+    def status(self) -> str:
+        if self.plugin is not None:
+            return "loaded"
+        if self.error is not None:
+            return "failed"
+        return "deferred"
+
+    @property
+    def provider(self) -> str:
+        """``"dist 1.2"``, or the origin when no distribution provided it."""
+        if self.distribution:
+            version = self.version
+            return f"{self.distribution} {version}" if version else self.distribution
+        return self.origin
+
+    def __repr__(self) -> str:
+        return f"<PluginRecord {self.name!r} {self.status} from {self.distribution or self.origin}>"
+
+
+_lock = threading.RLock()
+_records: dict[str, PluginRecord] = {}
+_settling = False
+# Called on every plugin object that enters the registry (discovery layers site overrides).
+_attach_callbacks: list[Callable[[DevicePlugin, PluginRecord], None]] = []
+#: Set by discovery: whether installed plugins were discovered in this process.
+_state: dict[str, Any] = {"discovered": False}
+
+
+def _bind(plugin: DevicePlugin, record: PluginRecord) -> None:
+    plugin.name = record.name
+    if record.distribution is not None:
+        plugin.distribution = record.distribution
+        plugin._version_lookup = lambda: record.version  # metadata is read only if asked
+    for callback in _attach_callbacks:
+        callback(plugin, record)
+
+
+def _coerce(plugin: Any) -> DevicePlugin:
+    if isinstance(plugin, type) and issubclass(plugin, DevicePlugin):
+        plugin = plugin()
+    if isinstance(plugin, DevicePlugin):
+        plugin._require_initialized()
+        return plugin
+    from ._torch_xla import TorchXlaStylePlugin, looks_like_torch_xla_plugin
+
+    if looks_like_torch_xla_plugin(plugin):
+        return TorchXlaStylePlugin(plugin)
+    raise TypeError(
+        f"cannot register {plugin!r}: expected a pjrt_plugins.DevicePlugin (instance or subclass) "
+        "or a PyTorch/XLA-style plugin object with a library_path() method"
+    )
+
+
+def register_plugin(name: str, plugin: Any, *, replace: bool = False) -> DevicePlugin:
+    """Register ``plugin`` under ``name`` (case-insensitive) and return it.
+
+    ``plugin`` is a :class:`DevicePlugin` instance or subclass, or a
+    PyTorch/XLA-style object (adapted to the hooks). Registering the same object
+    twice is a no-op. Taking over a name that is already registered warns (a
+    :class:`PluginWarning` naming both) unless ``replace=True``.
+    """
+    canonical = canonical_name(name)
+    device_plugin = _coerce(plugin)
+    with _lock:
+        previous = _records.get(canonical)
+        if previous is not None and previous.plugin is device_plugin:
+            return device_plugin
+        record = PluginRecord(canonical, origin="register_plugin()", plugin=device_plugin)
+        if previous is not None:
+            record.shadowed.append(previous)
+            if not replace:
+                warnings.warn(
+                    f"pjrt_plugins: register_plugin({name!r}) replaces the plugin from {previous.provider}; "
+                    "pass replace=True to do this without a warning",
+                    PluginWarning,
+                    stacklevel=2,
+                )
+        _bind(device_plugin, record)
+        _records[canonical] = record
+    return device_plugin
+
+
+def _add_record(record: PluginRecord) -> None:
+    """Discovery's entry: the record must already have won its name (see _discovery)."""
+    with _lock:
+        if record.plugin is not None:
+            _bind(record.plugin, record)
+        _records[record.name] = record
+
+
+def warn_load_failure(record: PluginRecord, error: PluginLoadError, stacklevel: int = 3) -> None:
+    """The one warning for a plugin that failed to load: names distribution, version and error."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    warnings.warn(
+        f"pjrt_plugins: skipping plugin {record.name!r} from {record.provider}: "
+        f"{type(cause).__name__}: {cause}. The other plugins are unaffected; "
+        f"pjrt_plugins.get_plugin({record.name!r}) raises the full error.",
+        PluginWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def _settle() -> None:
+    """Load the records whose module was mid-import at discovery, now that it is done."""
+    global _settling
+    with _lock:
+        if _settling:
+            return
+        _settling = True
+        try:
+            for record in list(_records.values()):
+                if record.loader is not None and record.load_when_ready and (record.ready is None or record.ready()):
+                    try:
+                        _load_deferred(record)
+                    except PluginLoadError as error:
+                        warn_load_failure(record, error, stacklevel=4)
+        finally:
+            _settling = False
+
+
+def plugin_records() -> list[PluginRecord]:
+    """Every registered name, loaded, failed or deferred, sorted by name (for tools like the CLI)."""
+    with _lock:
+        _settle()
+        return [_records[name] for name in sorted(_records)]
+
+
+def registered_plugins() -> dict[str, DevicePlugin]:
+    """The loaded plugins by canonical name, sorted.
+
+    Plugins that failed to load are left out (``get_plugin`` raises their error),
+    and so are deferred ones that have not been asked for yet (PyTorch/XLA's own
+    entries, which would import torch).
+    """
+    with _lock:
+        _settle()
+        return {name: _records[name].plugin for name in sorted(_records) if _records[name].plugin is not None}
+
+
+def _installed_listing() -> str:
+    with _lock:
+        names = [f"{r.name} ({r.status})" if r.status != "loaded" else r.name for r in plugin_records()]
+    if names:
+        return ", ".join(names)
+    hint = "none"
+    if not _state["discovered"]:
+        hint += " (discovery has not run: PJRT_PLUGINS_AUTOLOAD is off; call pjrt_plugins.discover_plugins())"
+    return hint
+
+
+def _load_deferred(record: PluginRecord) -> DevicePlugin:
+    assert record.loader is not None
+    try:
+        plugin = record.loader()
+    except PluginLoadError as exc:
+        record.error = exc
+        record.loader = record.ready = None
+        raise
+    record.plugin, record.loader, record.ready = plugin, None, None
+    _bind(plugin, record)
+    logger.debug("loaded deferred plugin %r from %s", record.name, record.provider)
+    return plugin
+
+
+def get_plugin(name: str) -> DevicePlugin:
+    """The plugin registered as ``name`` (any case).
+
+    Raises :class:`PluginNotFoundError` listing the installed plugins, or
+    :class:`PluginLoadError` (the original error as ``__cause__``) for a plugin
+    that is installed but failed to load. A deferred plugin is loaded now.
+    """
+    canonical = canonical_name(name)
+    with _lock:
+        record = _records.get(canonical)
+        if record is None:
+            raise PluginNotFoundError(
+                f"no PJRT plugin named {canonical!r}. Installed plugins: {_installed_listing()}. "
+                "Install the backend's package, or check the spelling."
+            )
+        if record.plugin is not None:
+            return record.plugin
+        if record.error is not None:
+            raise record.error
+        if record.ready is not None and not record.ready():
+            raise PluginLoadError(
+                f"plugin {canonical!r} ({record.origin}) is still being imported; "
+                "ask for it once its module has finished importing (this is a circular import)"
+            )
+        return _load_deferred(record)
+
+
+def _selection_candidates() -> list[tuple[int, str, DevicePlugin]]:
+    ranked = []
+    for name, plugin in registered_plugins().items():
+        try:
+            priority = plugin.priority()
+        except Exception as exc:  # a broken hook makes that plugin lose, not the selection fail
+            logger.warning("plugin %r: priority() raised %s: %s", name, type(exc).__name__, exc)
+            continue
+        ranked.append((priority, name, plugin))
+    ranked.sort(key=lambda item: (-item[0], item[1]))
+    return ranked
+
+
+def default_plugin() -> DevicePlugin:
+    """The plugin to use when none is named.
+
+    ``PJRT_DEVICE`` (any case) names it, as in PyTorch/XLA; it is returned even
+    if it reports itself unavailable, since it was asked for. Otherwise the
+    loaded plugin with the highest :meth:`~DevicePlugin.priority` whose
+    :meth:`~DevicePlugin.unavailable_reason` is ``None`` wins; equal priorities
+    go to the alphabetically first name. Deferred plugins are not candidates
+    (checking them would import torch_xla); name them with ``PJRT_DEVICE``.
+    """
+    requested = os.environ.get(PJRT_DEVICE_VAR, "").strip()
+    if requested:
+        try:
+            return get_plugin(requested)
+        except PluginNotFoundError as exc:
+            raise PluginNotFoundError(f"{PJRT_DEVICE_VAR}={requested!r}: {exc}") from None
+    reasons = []
+    for _priority, name, plugin in _selection_candidates():
+        reason = plugin.unavailable_reason()
+        if reason is None:
+            return plugin
+        reasons.append(f"{name}: {reason}")
+    with _lock:
+        for record in plugin_records():
+            if record.status == "failed":
+                reasons.append(f"{record.name}: failed to load ({record.error})")
+            elif record.status == "deferred":
+                reasons.append(f"{record.name}: not considered ({record.deferred_reason}); select it with PJRT_DEVICE")
+    if not reasons:
+        raise PluginNotFoundError(
+            f"no PJRT plugins are installed. Installed plugins: {_installed_listing()}. "
+            "Install a backend package (for example pjrt-plugin-cpu) or set PJRT_LIBRARY_PATH."
+        )
+    listing = "\n  ".join(reasons)
+    raise PluginUnavailableError(
+        f"no installed PJRT plugin can run here:\n  {listing}\n"
+        f"Fix one of the reasons above, or set {PJRT_DEVICE_VAR} to pick a plugin explicitly."
+    )
+
+
+def create_client(name: str | None = None, options: Mapping[str, Any] | None = None, **kwargs: Any) -> Client:
+    """Create a PJRT client on plugin ``name`` (default: :func:`default_plugin`).
+
+    ``options`` and ``kwargs`` go to :meth:`DevicePlugin.create_client`.
+    """
+    plugin = get_plugin(name) if name is not None else default_plugin()
+    return plugin.create_client(options, **kwargs)

@@ -1,0 +1,168 @@
+"""PyTorch/XLA interoperability: adapt torch_xla-style plugins, and check our side of its contract.
+
+Never imports torch or torch_xla; everything here works on objects handed to it.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import Distribution
+from typing import Any
+
+from ._plugin import DevicePlugin
+from ._marker import hookimpl
+
+#: Distribution names (normalized) that are PyTorch/XLA itself.
+TORCH_XLA_DISTRIBUTIONS = frozenset({"torch-xla", "torch_xla"})
+
+# The methods PyTorch/XLA 2.9's loader and runtime call on an entry point's object,
+# with the types it expects back (None: returns nothing).
+TORCH_XLA_METHODS: tuple[tuple[str, tuple[Any, ...], tuple[type, ...]], ...] = (
+    ("library_path", (), (str,)),
+    ("client_create_options", (), (dict,)),
+    ("requires_xla_coordinator", (), (bool,)),
+    ("configure_single_process", (), (type(None),)),
+    ("configure_multiprocess", (0, 1), (type(None),)),
+    ("physical_chip_count", (), (int,)),
+    ("host_index", (), (int,)),
+)
+
+_OPTION_VALUE_TYPES = (str, int, float, bool)
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def normalize_distribution_name(name: str) -> str:
+    """PEP 503 normalization: ``Torch_XLA`` and ``torch-xla`` are the same project."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distribution_name(dist: Distribution | None) -> str | None:
+    """The distribution's normalized name, cheaply (from the .dist-info folder when possible)."""
+    if dist is None:
+        return None
+    # PathDistribution knows its name from the folder name without reading METADATA.
+    fast = getattr(dist, "_normalized_name", None)
+    if isinstance(fast, str) and fast:
+        return normalize_distribution_name(fast)
+    name = dist.metadata["Name"]
+    return normalize_distribution_name(name) if name else None
+
+
+def is_torch_xla_distribution(dist: Distribution | None) -> bool:
+    return distribution_name(dist) in {normalize_distribution_name(n) for n in TORCH_XLA_DISTRIBUTIONS}
+
+
+def requires_torch_xla(dist: Distribution | None) -> bool:
+    """Whether ``dist`` needs torch_xla unconditionally (Requires-Dist without an extra)."""
+    if dist is None:
+        return False
+    for requirement in dist.requires or ():
+        match = _REQUIREMENT_NAME.match(requirement)
+        if not match or normalize_distribution_name(match.group(1)) != "torch-xla":
+            continue
+        _, _, marker = requirement.partition(";")
+        if "extra" not in marker:
+            return True
+    return False
+
+
+def looks_like_torch_xla_plugin(obj: object) -> bool:
+    """A PyTorch/XLA-style plugin: any object with a callable ``library_path``."""
+    return callable(getattr(obj, "library_path", None))
+
+
+class TorchXlaStylePlugin(DevicePlugin):
+    """A DevicePlugin that answers the hooks by calling a torch_xla-style object's methods.
+
+    Methods the wrapped object lacks, or that raise ``NotImplementedError``
+    (as torch_xla's base class does), fall back to the core defaults.
+    """
+
+    def __init__(self, wrapped: object) -> None:
+        super().__init__()
+        self.wrapped = wrapped
+
+    def _forward(self, method: str, *args: Any) -> Any:
+        bound = getattr(self.wrapped, method, None)
+        if not callable(bound):
+            return None
+        try:
+            return bound(*args)
+        except NotImplementedError:
+            return None
+
+    @hookimpl
+    def pjrt_library_path(self) -> Any:
+        return self._forward("library_path")
+
+    @hookimpl
+    def pjrt_client_create_options(self) -> Any:
+        return self._forward("client_create_options")
+
+    @hookimpl
+    def pjrt_requires_coordinator(self) -> Any:
+        return self._forward("requires_xla_coordinator")
+
+    @hookimpl
+    def pjrt_configure_single_process(self) -> None:
+        self._forward("configure_single_process")
+
+    @hookimpl
+    def pjrt_configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
+        self._forward("configure_multiprocess", local_rank, local_world_size)
+
+    @hookimpl
+    def pjrt_physical_chip_count(self) -> Any:
+        return self._forward("physical_chip_count")
+
+    @hookimpl
+    def pjrt_host_index(self) -> Any:
+        return self._forward("host_index")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} wrapping {type(self.wrapped).__qualname__}>"
+
+
+def torch_xla_contract_problems(obj: object, *, call_configure: bool = False) -> list[str]:
+    """What PyTorch/XLA's loader would trip over on ``obj``; empty when it complies.
+
+    Calls the methods PyTorch/XLA calls and checks the types of their answers.
+    ``library_path()`` may raise when the plugin is unavailable here; that is
+    reported too, since PyTorch/XLA would fail the same way when selected. The
+    configure methods change process state (environment variables), so they are
+    only called when ``call_configure`` is true.
+    """
+    problems: list[str] = []
+    for method, args, expected in TORCH_XLA_METHODS:
+        bound = getattr(obj, method, None)
+        if not callable(bound):
+            problems.append(f"{method}() is missing")
+            continue
+        if method.startswith("configure_") and not call_configure:
+            continue
+        try:
+            value = bound(*args)
+        except Exception as exc:  # report, do not crash the checker
+            problems.append(f"{method}() raised {type(exc).__name__}: {exc}")
+            continue
+        if not isinstance(value, expected) or (expected == (int,) and isinstance(value, bool)):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
+            problems.append(f"{method}() returned {type(value).__name__} {value!r}, expected {names}")
+        elif method == "client_create_options":
+            problems.extend(_option_problems(value))
+    return problems
+
+
+def _option_problems(options: dict) -> list[str]:
+    problems = []
+    for key, value in options.items():
+        if not isinstance(key, str):
+            problems.append(f"client_create_options() key {key!r} is not a str")
+        elif isinstance(value, (list, tuple)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                problems.append(f"client_create_options()[{key!r}] is a list with non-int items")
+        elif not isinstance(value, _OPTION_VALUE_TYPES):
+            problems.append(
+                f"client_create_options()[{key!r}] is {type(value).__name__}; use str, int, float, bool or list[int]"
+            )
+    return problems

@@ -1,0 +1,368 @@
+"""The `pjrt-plugins` command (also `python -m pjrt_plugins`): list, devices, doctor, and room for more.
+
+Exit status: 0 success; 1 the command ran and found a failure (plugin missing,
+broken or unavailable, client creation failed, doctor found a problem);
+2 usage error. Every command takes ``--json`` for machine-readable output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+#: Commands other modules provide: each module defines HELP, add_arguments(parser) and run(args) -> int.
+EXTENSION_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("conform", "pjrt_plugins.conform.cli"),
+    ("new-plugin", "pjrt_plugins.conform.new_plugin"),
+)
+
+
+class UsageError(Exception):
+    """Bad command-line input found after parsing (exit status 2)."""
+
+
+# -- list ------------------------------------------------------------------------------
+
+
+def _library_of(plugin: Any) -> str | None:
+    try:
+        path = plugin.hook.pjrt_library_path()
+    except Exception as exc:
+        return f"<error: {type(exc).__name__}: {exc}>"
+    return None if path is None else str(path)
+
+
+def _default_name() -> str | None:
+    """The name default_plugin() would pick, without loading deferred plugins."""
+    import os
+
+    import pjrt_plugins
+    from pjrt_plugins._registry import PJRT_DEVICE_VAR
+
+    requested = os.environ.get(PJRT_DEVICE_VAR, "").strip()
+    if requested:
+        try:
+            return pjrt_plugins.canonical_name(requested)
+        except ValueError:
+            return None
+    try:
+        return pjrt_plugins.default_plugin().name
+    except pjrt_plugins.PjrtPluginsError:
+        return None
+
+
+def describe_records() -> list[dict[str, Any]]:
+    """One row per registered or shadowed plugin, as shown by `list`."""
+    import pjrt_plugins
+
+    default = _default_name()
+    rows = []
+    for record in pjrt_plugins.plugin_records():
+        row: dict[str, Any] = {
+            "name": record.name,
+            "default": record.name == default,
+            "distribution": record.distribution,
+            "version": record.version,
+            "origin": record.origin,
+            "library_path": None,
+            "priority": None,
+            "status": record.status,
+            "reason": None,
+        }
+        if record.plugin is not None:
+            plugin = record.plugin
+            row["library_path"] = _library_of(plugin)
+            try:
+                row["priority"] = plugin.priority()
+            except Exception as exc:
+                row["reason"] = f"priority() raised {type(exc).__name__}: {exc}"
+            reason = plugin.unavailable_reason()
+            row["status"] = "available" if reason is None else "unavailable"
+            row["reason"] = row["reason"] or reason
+        elif record.error is not None:
+            cause = record.error.__cause__
+            row["reason"] = f"{type(cause).__name__}: {cause}" if cause is not None else str(record.error)
+        else:
+            row["reason"] = record.deferred_reason
+        rows.append(row)
+        for loser in record.shadowed:
+            rows.append(
+                {
+                    "name": loser.name,
+                    "default": False,
+                    "distribution": loser.distribution,
+                    "version": loser.version,
+                    "origin": loser.origin,
+                    "library_path": None,
+                    "priority": None,
+                    "status": "shadowed",
+                    "reason": f"the name is taken by {record.provider}",
+                }
+            )
+    return rows
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = describe_records()
+    if args.json:
+        _print_json({"plugins": rows})
+        return EXIT_OK
+    if not rows:
+        print("No PJRT plugins are installed. Install a backend package, or set PJRT_LIBRARY_PATH.")
+        return EXIT_OK
+    table_rows, notes = [], []
+    for row in rows:
+        dist = row["distribution"] or row["origin"]
+        if row["distribution"] and row["version"]:
+            dist = f"{row['distribution']} {row['version']}"
+        table_rows.append([row["name"] + (" *" if row["default"] else ""), dist, row["library_path"], row["priority"], row["status"]])
+        if row["reason"]:
+            notes.append(f"  {row['name']} ({row['status']}): {row['reason']}")
+    print(_table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
+    print("\n* = default plugin (PJRT_DEVICE, else the available plugin with the highest priority)")
+    if notes:
+        print("\nReasons:\n" + "\n".join(notes))
+    return EXIT_OK
+
+
+# -- devices ---------------------------------------------------------------------------
+
+
+def _parse_value(name: str, raw: str, kind: Any) -> Any:
+    from pjrt_plugins.options import OptionType
+
+    try:
+        if kind is OptionType.INT64:
+            return int(raw, 0)
+        if kind is OptionType.FLOAT:
+            return float(raw)
+        if kind is OptionType.BOOL:
+            lowered = raw.strip().lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                raise ValueError(raw)
+            return lowered in ("true", "1", "yes", "on")
+        if kind is OptionType.INT64_LIST:
+            return [int(part, 0) for part in raw.split(",") if part.strip()]
+        if kind is OptionType.STRING:
+            return raw
+    except ValueError:
+        raise UsageError(f"option {name}={raw!r}: expected {kind.name.lower()}") from None
+    # No schema: read the value as the most specific type that fits.
+    for convert in (lambda v: int(v, 0), float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    if "," in raw:
+        try:
+            return [int(part, 0) for part in raw.split(",")]
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_options(items: Sequence[str], schema: dict[str, Any] | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"option {item!r} is not KEY=VALUE")
+        name = name.strip()
+        kind = schema.get(name) if schema else None
+        if schema is not None and kind is None:
+            raise UsageError(f"unknown option {name!r}; this plugin takes: {', '.join(sorted(schema)) or '(none)'}")
+        options[name] = _parse_value(name, raw, kind)
+    return options
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    import pjrt_plugins
+
+    plugin = pjrt_plugins.get_plugin(args.name) if args.name else pjrt_plugins.default_plugin()
+    options = parse_options(args.option or [], plugin.option_schema())
+    path = plugin.library_path()
+    from pjrt_plugins.runtime import load_library
+
+    major, minor = load_library(path).api_version
+    with plugin.create_client(options) as client:
+        devices = [
+            {
+                "id": d.id,
+                "kind": d.kind,
+                "process_index": d.process_index,
+                "local_hardware_id": d.local_hardware_id,
+                "addressable": d.is_addressable,
+            }
+            for d in client.devices
+        ]
+        result = {
+            "plugin": plugin.name,
+            "distribution": plugin.distribution,
+            "library_path": path,
+            "api_version": f"{major}.{minor}",
+            "platform_name": client.platform_name,
+            "platform_version": client.platform_version,
+            "process_index": client.process_index,
+            "options": options,
+            "devices": devices,
+        }
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    print(f"plugin   {result['plugin']} ({result['distribution'] or 'no distribution'})")
+    print(f"library  {path} (PJRT C API {result['api_version']})")
+    print(f"platform {result['platform_name']} {result['platform_version']}".rstrip())
+    print(f"process  {result['process_index']}\n")
+    print(
+        _table(
+            ["ID", "KIND", "PROCESS", "LOCAL HW ID", "ADDRESSABLE"],
+            [[d["id"], d["kind"], d["process_index"], d["local_hardware_id"], d["addressable"]] for d in devices],
+        )
+    )
+    return EXIT_OK
+
+
+# -- doctor ----------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import pjrt_plugins
+    from pjrt_plugins._doctor import diagnose
+
+    records = {r.name: r for r in pjrt_plugins.plugin_records()}
+    if args.names:
+        wanted = []
+        for name in args.names:
+            canonical = pjrt_plugins.canonical_name(name)
+            if canonical not in records:
+                pjrt_plugins.get_plugin(canonical)  # raises PluginNotFoundError listing what is installed
+            wanted.append(records[canonical])
+    else:
+        wanted = list(records.values())
+    reports = []
+    for record in wanted:
+        if not args.json:
+            print(f"checking {record.name} ...", file=sys.stderr, flush=True)
+        reports.append(diagnose(record, timeout=args.timeout, explicit=bool(args.names)))
+    problems = [r for r in reports if r.status == "broken" or (args.names and r.status == "unavailable")]
+    if args.json:
+        _print_json({"ok": not problems and bool(reports), "plugins": [r.to_json() for r in reports]})
+    else:
+        marks = {True: "ok", False: "FAIL", None: "skip"}
+        for report in reports:
+            print(f"{report.name}  ({report.provider})")
+            for check in report.checks:
+                mark = "no" if check.check == "available" and check.ok is False else marks[check.ok]
+                print(f"  [{mark:>4}] {check.check:<12} {check.detail}".rstrip())
+                if check.fix:
+                    print(f"         fix: {check.fix}")
+            print(f"  => {report.status}\n")
+        counts = {s: sum(r.status == s for r in reports) for s in ("ok", "unavailable", "broken", "skipped")}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        print(f"{len(reports)} plugin{'s' if len(reports) != 1 else ''} checked: {summary or 'none installed'}")
+    if not reports:
+        return EXIT_FAILURE
+    return EXIT_FAILURE if problems else EXIT_OK
+
+
+# -- wiring ----------------------------------------------------------------------------
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def _add_extension_commands(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    for command, module_name in EXTENSION_COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # not written / not installed: the command does not exist
+            raise
+        parser = subparsers.add_parser(command, parents=[common], help=getattr(module, "HELP", None))
+        module.add_arguments(parser)
+        parser.set_defaults(handler=module.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pjrt_plugins import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    parser = argparse.ArgumentParser(
+        prog="pjrt-plugins",
+        description="Inspect the PJRT device plugins installed in this Python environment.",
+        epilog="Exit status: 0 success, 1 a plugin or check failed, 2 usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"pjrt-plugins {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = subparsers.add_parser("list", parents=[common], help="list plugins: name, distribution, library, priority, status")
+    p.set_defaults(handler=cmd_list)
+
+    p = subparsers.add_parser("devices", parents=[common], help="create a client and list its devices")
+    p.add_argument("name", nargs="?", help="plugin name (default: PJRT_DEVICE, else the best available plugin)")
+    p.add_argument(
+        "-o", "--option", action="append", metavar="KEY=VALUE", help="client create option (repeatable), e.g. -o cpu_device_count=8"
+    )
+    p.set_defaults(handler=cmd_devices)
+
+    p = subparsers.add_parser(
+        "doctor", parents=[common], help="check each plugin: loaded, available, library, API version, client"
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="plugins to check (default: all)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per plugin (default: 60)")
+    p.set_defaults(handler=cmd_doctor)
+
+    _add_extension_commands(subparsers, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    import pjrt_plugins
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    pjrt_plugins.discover_plugins()  # a no-op after autoload; needed when PJRT_PLUGINS_AUTOLOAD=0
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        parser.error(str(exc))  # exits with status 2
+    except pjrt_plugins.PjrtPluginsError as exc:
+        return _fail(args, exc)
+    except (ValueError, TypeError, OSError) as exc:  # e.g. a bad option value refused before the C call
+        return _fail(args, exc)
+    return EXIT_FAILURE  # pragma: no cover - parser.error does not return
+
+
+def _fail(args: argparse.Namespace, exc: BaseException) -> int:
+    if getattr(args, "json", False):
+        _print_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
+    else:
+        print(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Exception types users can catch; each message says what went wrong and what to do.
+
+Nothing here imports the runtime or torch.
+"""
+
+from __future__ import annotations
+
+
+class PjrtPluginsError(Exception):
+    """Base class of every error raised by pjrt_plugins."""
+
+
+class PluginNotFoundError(PjrtPluginsError, LookupError):
+    """No plugin is registered under the requested name."""
+
+
+class PluginLoadError(PjrtPluginsError):
+    """An installed plugin failed to import or construct.
+
+    ``__cause__`` is the original exception.
+    """
+
+
+class PluginUnavailableError(PjrtPluginsError):
+    """The plugin is installed but cannot run here (no hardware, no library)."""
+
+
+class LibraryLoadError(PjrtPluginsError, OSError):
+    """A PJRT shared library could not be opened or is not a PJRT plugin."""
+
+
+class ApiVersionError(LibraryLoadError):
+    """The library speaks a PJRT C API version we cannot talk to."""
+
+
+class UnsupportedFunctionError(PjrtPluginsError, NotImplementedError):
+    """The plugin does not provide a C API function we need."""
+
+
+class PjrtError(PjrtPluginsError):
+    """An error returned by the plugin through ``PJRT_Error``.
+
+    ``code`` is the absl status code (an int, 0-16) and ``code_name`` its name,
+    for example ``"INVALID_ARGUMENT"``; ``message`` is the plugin's own text.
+    """
+
+    CODE_NAMES = (
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    )
+
+    def __init__(self, code: int, message: str, *, function: str | None = None, hint: str | None = None):
+        self.code = int(code)
+        self.code_name = self.CODE_NAMES[self.code] if 0 <= self.code < len(self.CODE_NAMES) else f"CODE_{self.code}"
+        self.message = message
+        self.function = function
+        self.hint = hint
+        text = f"{self.code_name}: {message}"
+        if function:
+            text = f"{function} failed with {text}"
+        if hint:
+            text = f"{text}\nHint: {hint}"
+        super().__init__(text)
+
+
+class PluginWarning(UserWarning):
+    """A plugin was skipped, shadowed or refused during discovery (the others keep working)."""
+
+
+class LoweringError(PjrtPluginsError):
+    """A torch graph could not be turned into StableHLO (bad arguments, inconsistent metadata)."""
+
+
+class UnsupportedOpError(LoweringError, NotImplementedError):
+    """A torch operator has no StableHLO lowering and no decomposition into lowered operators.
+
+    ``op`` is the operator's name, for example ``"aten.cholesky.default"``.
+    """
+
+    def __init__(self, op: str, message: str | None = None):
+        self.op = op
+        super().__init__(
+            message
+            or f"operator {op} has no lowering to StableHLO on the pjrt device. Compute it on the CPU "
+            "(move the tensors with .cpu()), or enable the counted CPU fallback with "
+            "pjrt_plugins.spmd.set_cpu_fallback(True)."
+        )
+
+
+class CpuFallbackWarning(UserWarning):
+    """An operator without a lowering ran on the CPU because the fallback was enabled."""
+
+
+class ShardingError(PjrtPluginsError, ValueError):
+    """A mesh, partition spec or sharding string is invalid, or does not fit the tensor or devices."""
+
+
+class ShardingConflictError(ShardingError):
+    """A tensor already carries a different, non-replicated sharding; clear it with ``clear_sharding`` first."""
+
+
+class SpmdDisabledError(PjrtPluginsError, RuntimeError):
+    """A sharding API was used while SPMD is off (``XLA_USE_SPMD=0`` or ``use_spmd(False)``)."""
+
+
+class VirtualDeviceError(PjrtPluginsError, RuntimeError):
+    """A tensor is not on the pjrt virtual device where one is needed, or belongs to a replaced one."""
+
+
+class PluginInitializeTimeoutError(PluginUnavailableError, TimeoutError):
+    """``PJRT_Plugin_Initialize`` did not return in time (the plugin may wait for hardware)."""
+
+
+class ClientClosedError(PjrtPluginsError, RuntimeError):
+    """A runtime Client (or the client of a device, buffer or executable) has been closed."""
+
+
+class DistributedSetupError(PjrtPluginsError, RuntimeError):
+    """This process cannot join its multi-process job: no torch.distributed store, or inconsistent ranks.
+
+    Raised by :mod:`pjrt_plugins.distributed` before any client is created; the message
+    names the missing or unreachable setting (``MASTER_ADDR``, ``MASTER_PORT``, ...).
+    """
