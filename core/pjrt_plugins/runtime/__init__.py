@@ -1,0 +1,49 @@
+"""The PJRT C API runtime: load plugin libraries, move buffers, compile and run programs.
+
+Everything goes through cffi in ABI mode against our own declarations (``_cdef``), with
+every C function gated by the plugin's ``struct_size`` and every ``PJRT_Error`` turned
+into a :class:`~pjrt_plugins.PjrtError`. Importing this package opens no library.
+"""
+
+from __future__ import annotations
+
+from ..errors import (
+    ApiVersionError,
+    ClientClosedError,
+    LibraryLoadError,
+    PjrtError,
+    PluginInitializeTimeoutError,
+    UnsupportedFunctionError,
+)
+from ._buffer import Buffer
+from ._cdef import HEADER_MINOR, MIN_SUPPORTED_MINOR
+from ._client import Client, Device, Memory
+from ._compile_options import CompileOptions
+from ._executable import Executable
+from ._kv import KeyValueStore
+from ._library import Library, load_library, loaded_libraries
+from ._plugin_client import create_client_for_plugin
+
+#: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
+SUPPORTED_API_VERSIONS = ((0, MIN_SUPPORTED_MINOR), (0, HEADER_MINOR))
+
+__all__ = [
+    "ApiVersionError",
+    "Buffer",
+    "Client",
+    "ClientClosedError",
+    "CompileOptions",
+    "Device",
+    "Executable",
+    "KeyValueStore",
+    "Library",
+    "LibraryLoadError",
+    "Memory",
+    "PjrtError",
+    "PluginInitializeTimeoutError",
+    "SUPPORTED_API_VERSIONS",
+    "UnsupportedFunctionError",
+    "create_client_for_plugin",
+    "load_library",
+    "loaded_libraries",
+]

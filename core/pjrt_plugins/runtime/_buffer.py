@@ -1,0 +1,405 @@
+"""Buffer: one array on one device, and the conversion of host values into transferable arrays.
+
+A Buffer keeps its client alive and is released exactly once (delete(), the context
+manager, garbage collection or client.close()). Host memory handed to the plugin stays
+referenced until the plugin's done-with-host-buffer event fires.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ..errors import ClientClosedError, PjrtError
+from ._cdef import ffi
+from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
+from ._library import new_args, scratch_args
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._client import Client, Device, Memory
+
+_layouts: dict[int, tuple[Any, Any]] = {}
+
+#: Host memory we hand over without a copy is aligned like this (the CPU plugin aliases
+#: only 64-byte-aligned memory and copies anything else).
+HOST_ALIGNMENT = 64
+
+
+def host_array(value: Any) -> tuple[np.ndarray, bool]:
+    """``(array, usable_as_is)`` for a numpy array, torch CPU tensor or array-like.
+
+    ``usable_as_is`` is False when the plugin cannot read the array's memory directly
+    (not C-contiguous, or not native-endian): then it must be copied with :func:`aligned_copy`.
+    """
+    if isinstance(value, np.ndarray):
+        array = value
+    elif is_torch_tensor(value):
+        array = torch_to_numpy(value)
+    else:
+        array = np.asarray(value)
+        if array.dtype == object:
+            raise TypeError(f"cannot transfer a value of type {type(value).__name__} (it is not an array)")
+    return array, bool(array.dtype.isnative and array.flags.c_contiguous)
+
+
+#: Below this size a private copy is not worth aligning (the plugin may copy it again).
+_ALIGN_FROM_BYTES = 1 << 16
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous, native-endian copy of ``array`` (one pass); HOST_ALIGNMENT-aligned if large."""
+    dtype = array.dtype if array.dtype.isnative else array.dtype.newbyteorder("=")
+    if array.nbytes < _ALIGN_FROM_BYTES:
+        return np.array(array, dtype=dtype, order="C", copy=True)
+    raw = np.empty(array.size * dtype.itemsize + HOST_ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % HOST_ALIGNMENT
+    out = raw[offset : offset + array.size * dtype.itemsize].view(dtype).reshape(array.shape)
+    np.copyto(out, array, casting="equiv")
+    return out
+
+
+#: Row-major buffers in host memory up to this size are copied out in place; larger ones use
+#: PJRT_Buffer_ToHostBuffer, which copies with the GIL released.
+DIRECT_READ_MAX_BYTES = 1 << 18
+_DIRECT_FUNCTIONS = (
+    "PJRT_Buffer_IncreaseExternalReferenceCount",
+    "PJRT_Buffer_DecreaseExternalReferenceCount",
+    "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
+)
+
+
+class ReadPlan(NamedTuple):
+    """How to bring a buffer to the host.
+
+    ``mode``: ``"direct"`` (host memory: copy the bytes in place), ``"raw"`` (copy the raw
+    device bytes with PJRT_Buffer_CopyRawToHost) or ``"transfer"`` (PJRT_Buffer_ToHostBuffer
+    with a row-major host layout). ``order``: the physical axis order (major to minor) when
+    the device layout is a permutation of row-major, to undo after a byte copy.
+    """
+
+    mode: str
+    order: tuple[int, ...] | None = None
+
+
+_TRANSFER = ReadPlan("transfer")
+
+
+def _read_plan(lib: Any, ptr: Any, ndim: int) -> ReadPlan:
+    """Ask the plugin where the buffer lives and how it is laid out (two cheap queries).
+
+    Needed because a plugin may ignore the host layout asked of ToHostBuffer (the 0.81 CPU
+    plugin returns raw bytes for a column-major buffer): a permuted layout is read raw and
+    permuted back here. Tiled layouts are left to the plugin's ToHostBuffer.
+    """
+    if not lib.has_function("PJRT_Buffer_GetMemoryLayout"):
+        return _TRANSFER
+    try:
+        query = new_args("PJRT_Buffer_GetMemoryLayout_Args")
+        query.buffer = ptr
+        lib.call("PJRT_Buffer_GetMemoryLayout", query)
+        on_cpu = False
+        if lib.has_function("PJRT_Buffer_IsOnCpu"):
+            cpu_args = new_args("PJRT_Buffer_IsOnCpu_Args")
+            cpu_args.buffer = ptr
+            lib.call("PJRT_Buffer_IsOnCpu", cpu_args)
+            on_cpu = bool(cpu_args.is_on_cpu)
+    except PjrtError:  # e.g. UNIMPLEMENTED: trust the plugin's transfer
+        return _TRANSFER
+    layout = query.layout
+    tiled = layout.tiled
+    if int(ffi.cast("int", layout.type)) != 0 or tiled.num_tiles != 0 or tiled.minor_to_major_size != ndim:
+        return _TRANSFER
+    minor_to_major = [int(tiled.minor_to_major[i]) for i in range(ndim)]
+    if sorted(minor_to_major) != list(range(ndim)):
+        return _TRANSFER
+    order = tuple(reversed(minor_to_major))
+    permuted = order != tuple(range(ndim))
+    if on_cpu and all(lib.has_function(name) for name in _DIRECT_FUNCTIONS):
+        return ReadPlan("direct", order if permuted else None)
+    if permuted and lib.has_function("PJRT_Buffer_CopyRawToHost"):
+        return ReadPlan("raw", order)
+    return _TRANSFER
+
+
+def _row_major_layout(ndim: int) -> Any:
+    """A shared, read-only PJRT_Buffer_MemoryLayout: dense, dimension 0 most major."""
+    entry = _layouts.get(ndim)
+    if entry is None:
+        minor_to_major = ffi.new("int64_t[]", list(range(ndim - 1, -1, -1)) or [0])
+        layout = new_args("PJRT_Buffer_MemoryLayout")
+        layout.type = 0  # PJRT_Buffer_MemoryLayout_Type_Tiled
+        layout.tiled.struct_size = ffi.sizeof("PJRT_Buffer_MemoryLayout_Tiled")
+        layout.tiled.minor_to_major = minor_to_major
+        layout.tiled.minor_to_major_size = ndim
+        layout.tiled.num_tiles = 0
+        entry = _layouts.setdefault(ndim, (layout, minor_to_major))
+    return entry[0]
+
+
+class Buffer:
+    """An array on a device. Use it as a context manager or call delete() to free it early."""
+
+    __slots__ = ("_client", "_lib", "_ptr", "_host", "_shape", "_dtype", "_plan", "_ready", "__weakref__")
+
+    def __init__(
+        self,
+        client: Client,
+        ptr: Any,
+        shape: tuple[int, ...] | None = None,
+        dtype: np.dtype | None = None,
+        plan: ReadPlan | None = None,
+        ready: bool = False,
+    ) -> None:
+        self._client = client
+        self._lib = client._lib
+        self._ptr = ptr
+        self._host: Any = None
+        self._shape = shape
+        self._dtype = dtype
+        self._plan = plan  # how to_numpy reads it (None: not asked yet)
+        self._ready = ready  # known to be computed (its ready event already awaited)
+        # The client's registry owns the handle: whoever pops it (release or client.close) frees it.
+        client._live_buffers[id(self)] = (ptr, None)
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def _hold_host(self, host: Any, event: Any) -> None:
+        """Keep ``host`` alive until ``event`` (the plugin is done with it) has fired."""
+        self._host = host
+        self._client._live_buffers[id(self)] = (self._ptr, event)
+
+    def _handle(self) -> Any:
+        ptr = self._ptr
+        if ptr is None:
+            raise ValueError("this buffer has been deleted")
+        if self._client._closed:
+            raise ClientClosedError("this buffer's client has been closed")
+        return ptr
+
+    def _release(self) -> None:
+        entry = self._client._live_buffers.pop(id(self), None)  # atomic: one caller wins
+        self._ptr = None
+        host, self._host = self._host, None
+        if entry is not None:
+            self._client._destroy_buffer(entry, host)
+
+    def delete(self) -> None:
+        """Free the device memory now. Later use of this buffer raises ValueError."""
+        self._release()
+
+    @property
+    def is_deleted(self) -> bool:
+        """True once deleted here, or when the plugin dropped the data (donated to a program)."""
+        if self._ptr is None or self._client._closed:
+            return True
+        args = new_args("PJRT_Buffer_IsDeleted_Args")
+        args.buffer = self._ptr
+        self._lib.call("PJRT_Buffer_IsDeleted", args)
+        return bool(args.is_deleted)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release()
+
+    def __del__(self) -> None:
+        try:
+            if self._ptr is not None:
+                self._release()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    # -- facts -----------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self._shape is None:
+            args = new_args("PJRT_Buffer_Dimensions_Args")
+            args.buffer = self._handle()
+            self._lib.call("PJRT_Buffer_Dimensions", args)
+            self._shape = tuple(ffi.unpack(args.dims, args.num_dims)) if args.num_dims else ()
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype (ml_dtypes for bfloat16 and the 8-bit floats)."""
+        if self._dtype is None:
+            args = new_args("PJRT_Buffer_ElementType_Args")
+            args.buffer = self._handle()
+            self._lib.call("PJRT_Buffer_ElementType", args)
+            self._dtype = numpy_dtype_of(int(ffi.cast("int", args.type)))
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def device(self) -> Device:
+        args = new_args("PJRT_Buffer_Device_Args")
+        args.buffer = self._handle()
+        self._lib.call("PJRT_Buffer_Device", args)
+        return self._client._device(args.device)
+
+    @property
+    def memory(self) -> Memory:
+        args = new_args("PJRT_Buffer_Memory_Args")
+        args.buffer = self._handle()
+        self._lib.call("PJRT_Buffer_Memory", args)
+        return self._client._memory(args.memory)
+
+    @property
+    def on_device_size(self) -> int:
+        """Bytes the buffer occupies on the device (may exceed nbytes: padding, tiling)."""
+        args = new_args("PJRT_Buffer_OnDeviceSizeInBytes_Args")
+        args.buffer = self._handle()
+        self._lib.call("PJRT_Buffer_OnDeviceSizeInBytes", args)
+        return int(args.on_device_size_in_bytes)
+
+    # -- readiness -------------------------------------------------------------------
+
+    def _ready_event(self) -> Any:
+        args = scratch_args("PJRT_Buffer_ReadyEvent_Args")
+        args.buffer = self._handle()
+        self._lib.call("PJRT_Buffer_ReadyEvent", args)
+        return args.event
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether the data is computed (or failed); never blocks."""
+        event = self._ready_event()
+        try:
+            return self._lib.event_is_ready(event)
+        finally:
+            self._lib.destroy_event(event)
+
+    def block_until_ready(self) -> Buffer:
+        """Wait (GIL released) until the data is computed; raises the computation's error."""
+        if not self._ready:
+            self._lib.await_event(self._ready_event(), "PJRT_Buffer_ReadyEvent")
+            self._ready = True
+        return self
+
+    # -- to host ---------------------------------------------------------------------
+
+    def read_plan(self) -> ReadPlan:
+        """How :meth:`to_numpy` brings this buffer to the host (asked of the plugin once)."""
+        if self._plan is None:
+            self._plan = _read_plan(self._lib, self._handle(), len(self.shape))
+        return self._plan
+
+    def host_readable(self) -> bool:
+        """Whether the plugin keeps this buffer in host memory where we can copy it directly."""
+        return self.read_plan().mode == "direct"
+
+    def to_numpy(self, out: np.ndarray | None = None) -> np.ndarray:
+        """A new numpy array with the buffer's contents (waits for them).
+
+        ``out``: write into this C-contiguous, writeable array of the buffer's shape
+        and dtype instead (e.g. a view into a larger array; saves a copy) and return it.
+        """
+        ptr = self._handle()
+        if out is None:
+            out = np.empty(self.shape, self.dtype)
+        elif (
+            not isinstance(out, np.ndarray)
+            or out.shape != self.shape
+            or out.dtype != self.dtype
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
+            raise ValueError(
+                f"out must be a writeable C-contiguous array of shape {self.shape} and dtype {self.dtype}"
+            )
+        plan = self._plan or self.read_plan()
+        if plan.order is not None:  # a permuted device layout: copy the raw bytes, permute here
+            return self._read_permuted(ptr, out, plan)
+        if plan.mode == "direct" and out.nbytes <= DIRECT_READ_MAX_BYTES:
+            return self._read_direct(ptr, out)
+        args = new_args("PJRT_Buffer_ToHostBuffer_Args")
+        args.src = ptr
+        args.host_layout = _row_major_layout(out.ndim)
+        args.dst = ffi.from_buffer(out)
+        args.dst_size = out.nbytes
+        self._lib.call("PJRT_Buffer_ToHostBuffer", args)
+        self._lib.await_event(args.event, "PJRT_Buffer_ToHostBuffer")
+        return out
+
+    def _read_direct(self, ptr: Any, out: np.ndarray) -> np.ndarray:
+        """Copy the bytes of a buffer in host memory, pinned while we copy."""
+        lib = self._lib
+        if not self._ready:  # wait for the data; raises the computation's error
+            lib.await_event(self._ready_event(), "PJRT_Buffer_ReadyEvent")
+            self._ready = True
+        hold = scratch_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
+        hold.buffer = ptr
+        lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)  # pins the memory while we copy
+        try:
+            where = scratch_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
+            where.buffer = ptr
+            lib.call("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", where)
+            if out.nbytes:
+                ffi.memmove(out, where.device_memory_ptr, out.nbytes)
+        finally:
+            release = scratch_args("PJRT_Buffer_DecreaseExternalReferenceCount_Args")
+            release.buffer = ptr
+            lib.call("PJRT_Buffer_DecreaseExternalReferenceCount", release)
+        return out
+
+    def _read_permuted(self, ptr: Any, out: np.ndarray, plan: ReadPlan) -> np.ndarray:
+        """Read the device bytes (physical axis order ``plan.order``) and permute to row-major."""
+        order = plan.order or ()
+        physical = np.empty([out.shape[axis] for axis in order], out.dtype)
+        if plan.mode == "direct":
+            self._read_direct(ptr, physical)
+        else:
+            args = new_args("PJRT_Buffer_CopyRawToHost_Args")
+            args.buffer = ptr
+            args.dst = ffi.from_buffer(physical)
+            args.offset = 0
+            args.transfer_size = physical.nbytes
+            self._lib.call("PJRT_Buffer_CopyRawToHost", args)
+            self._lib.await_event(args.event, "PJRT_Buffer_CopyRawToHost")
+        out[...] = physical.transpose(np.argsort(order))
+        return out
+
+    def to_torch(self) -> Any:
+        """A new CPU torch tensor with the buffer's contents (imports torch)."""
+        return numpy_to_torch(self.to_numpy())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self.to_numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    # -- device to device ------------------------------------------------------------
+
+    def copy_to_device(self, device: Device | int) -> Buffer:
+        """A copy of this buffer on another device of the same client."""
+        target = self._client._resolve_device(device)
+        args = new_args("PJRT_Buffer_CopyToDevice_Args")
+        args.buffer = self._handle()
+        args.dst_device = target._ptr
+        self._lib.call("PJRT_Buffer_CopyToDevice", args)
+        return Buffer(self._client, args.dst_buffer, self._shape, self._dtype)
+
+    def __repr__(self) -> str:
+        if self._ptr is None or self._client._closed:
+            return "<pjrt Buffer (deleted)>"
+        try:
+            return f"<pjrt Buffer shape={self.shape} dtype={self.dtype} device={self.device.id}>"
+        except PjrtError:
+            return "<pjrt Buffer>"

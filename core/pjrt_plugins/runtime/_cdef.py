@@ -1,0 +1,1158 @@
+"""Our cffi declarations of the PJRT C API, laid out as the 0.114 header; the single ABI source.
+
+Every layout fact the runtime relies on lives here: the args structs we call with, the
+PJRT_Api slot order (slot i at byte 40 + 8*i) and the API minor that added each slot.
+STRUCT_SIZE is derived from cffi in one place. Never write an offset anywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cffi
+
+#: The major version we speak. A major bump is an ABI break.
+API_MAJOR = 0
+#: The newest header layout these declarations follow.
+HEADER_MINOR = 114
+#: The oldest plugin minor we accept. PJRT 0.57 rearranged the function slots of PJRT_Api
+#: ("Rearranged fields in the PJRT_Api", changelog 0.57), so below it slot i does not hold
+#: the function our table names and a call would jump into the wrong function with the
+#: wrong args struct. Every args struct we use has only grown by appending since then.
+MIN_SUPPORTED_MINOR = 57
+
+# ---------------------------------------------------------------------------------------
+# Types. Written for this project from the published layout (the 0.81 header shipped with
+# the CPU plugin wheel, plus the fields appended up to 0.114). Valid C: the ABI test feeds
+# this text to gcc as well as to cffi.
+# ---------------------------------------------------------------------------------------
+_TYPES = r"""
+typedef enum {
+  PJRT_Extension_Type_Gpu_Custom_Call = 0,
+  PJRT_Extension_Type_Profiler = 1,
+  PJRT_Extension_Type_Custom_Partitioner = 2,
+  PJRT_Extension_Type_Stream = 3,
+  PJRT_Extension_Type_Layouts = 4,
+  PJRT_Extension_Type_FFI = 5,
+  PJRT_Extension_Type_MemoryDescriptions = 6,
+  PJRT_Extension_Type_Triton = 7,
+  PJRT_Extension_Type_RawBuffer = 8,
+  PJRT_Extension_Type_PhaseCompile = 9,
+  PJRT_Extension_Type_Example = 10,
+  PJRT_Extension_Type_Unknown = 11,
+  PJRT_Extension_Type_CrossHostTransfers = 12,
+  PJRT_Extension_Type_ExecutableMetadata = 13,
+  PJRT_Extension_Type_Callback = 14,
+  PJRT_Extension_Type_HostAllocator = 15,
+  PJRT_Extension_Type_TpuTopology = 16,
+  PJRT_Extension_Type_TpuExecutable = 17,
+  PJRT_Extension_Type_Megascale = 18,
+  PJRT_Extension_Type_Shardings = 19,
+  PJRT_Extension_Type_AbiVersion = 20,
+  PJRT_Extension_Type_Collectives = 21,
+  PJRT_Extension_Type_MultiSlice = 22,
+  PJRT_Extension_Type_HostMemoryAllocator = 23,
+  PJRT_Extension_Type_XlaTransform = 24
+} PJRT_Extension_Type;
+
+typedef struct PJRT_Extension_Base {
+  size_t struct_size;
+  PJRT_Extension_Type type;
+  struct PJRT_Extension_Base* next;
+} PJRT_Extension_Base;
+
+typedef struct PJRT_Api_Version {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  int major_version;
+  int minor_version;
+} PJRT_Api_Version;
+
+typedef struct PJRT_Error PJRT_Error;
+typedef struct PJRT_Event PJRT_Event;
+typedef struct PJRT_Client PJRT_Client;
+typedef struct PJRT_Device PJRT_Device;
+typedef struct PJRT_Memory PJRT_Memory;
+typedef struct PJRT_DeviceDescription PJRT_DeviceDescription;
+typedef struct PJRT_Executable PJRT_Executable;
+typedef struct PJRT_LoadedExecutable PJRT_LoadedExecutable;
+typedef struct PJRT_Buffer PJRT_Buffer;
+typedef struct PJRT_SerializedExecutable PJRT_SerializedExecutable;
+typedef struct PJRT_ExecuteContext PJRT_ExecuteContext;
+typedef struct PJRT_SendCallbackInfo PJRT_SendCallbackInfo;
+typedef struct PJRT_RecvCallbackInfo PJRT_RecvCallbackInfo;
+typedef struct PJRT_LoadOptions PJRT_LoadOptions;
+typedef struct PJRT_MultiSlice_Config PJRT_MultiSlice_Config;
+typedef struct PJRT_HloOutputCallbackInfo PJRT_HloOutputCallbackInfo;
+
+typedef enum {
+  PJRT_Error_Code_OK = 0,
+  PJRT_Error_Code_CANCELLED = 1,
+  PJRT_Error_Code_UNKNOWN = 2,
+  PJRT_Error_Code_INVALID_ARGUMENT = 3,
+  PJRT_Error_Code_DEADLINE_EXCEEDED = 4,
+  PJRT_Error_Code_NOT_FOUND = 5,
+  PJRT_Error_Code_ALREADY_EXISTS = 6,
+  PJRT_Error_Code_PERMISSION_DENIED = 7,
+  PJRT_Error_Code_RESOURCE_EXHAUSTED = 8,
+  PJRT_Error_Code_FAILED_PRECONDITION = 9,
+  PJRT_Error_Code_ABORTED = 10,
+  PJRT_Error_Code_OUT_OF_RANGE = 11,
+  PJRT_Error_Code_UNIMPLEMENTED = 12,
+  PJRT_Error_Code_INTERNAL = 13,
+  PJRT_Error_Code_UNAVAILABLE = 14,
+  PJRT_Error_Code_DATA_LOSS = 15,
+  PJRT_Error_Code_UNAUTHENTICATED = 16
+} PJRT_Error_Code;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Error* error;
+} PJRT_Error_Destroy_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_Error* error;
+  const char* message;
+  size_t message_size;
+} PJRT_Error_Message_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_Error* error;
+  PJRT_Error_Code code;
+} PJRT_Error_GetCode_Args;
+
+typedef PJRT_Error* (*PJRT_CallbackError)(PJRT_Error_Code code, const char* message,
+                                          size_t message_size);
+
+typedef enum {
+  PJRT_NamedValue_kString = 0,
+  PJRT_NamedValue_kInt64 = 1,
+  PJRT_NamedValue_kInt64List = 2,
+  PJRT_NamedValue_kFloat = 3,
+  PJRT_NamedValue_kBool = 4
+} PJRT_NamedValue_Type;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* name;
+  size_t name_size;
+  PJRT_NamedValue_Type type;
+  union {
+    const char* string_value;
+    int64_t int64_value;
+    const int64_t* int64_array_value;
+    float float_value;
+    bool bool_value;
+  };
+  size_t value_size;
+} PJRT_NamedValue;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+} PJRT_Plugin_Initialize_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_NamedValue* attributes;
+  size_t num_attributes;
+} PJRT_Plugin_Attributes_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Event* event;
+} PJRT_Event_Destroy_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Event* event;
+  bool is_ready;
+} PJRT_Event_IsReady_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Event* event;
+} PJRT_Event_Error_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Event* event;
+} PJRT_Event_Await_Args;
+
+typedef void (*PJRT_KeyValueGetCallback_ValueDeleter)(char* value);
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* key;
+  size_t key_size;
+  int timeout_in_ms;
+  PJRT_CallbackError* callback_error;
+  void* user_arg;
+  char* value;
+  size_t value_size;
+  PJRT_KeyValueGetCallback_ValueDeleter value_deleter_callback;
+} PJRT_KeyValueGetCallback_Args;
+
+typedef PJRT_Error* (*PJRT_KeyValueGetCallback)(PJRT_KeyValueGetCallback_Args* args);
+
+typedef void (*PJRT_KeyValueTryGetCallback_ValueDeleter)(char* value);
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* key;
+  size_t key_size;
+  PJRT_CallbackError* callback_error;
+  void* user_arg;
+  char* value;
+  size_t value_size;
+  PJRT_KeyValueTryGetCallback_ValueDeleter value_deleter_callback;
+} PJRT_KeyValueTryGetCallback_Args;
+
+typedef PJRT_Error* (*PJRT_KeyValueTryGetCallback)(PJRT_KeyValueTryGetCallback_Args* args);
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* key;
+  size_t key_size;
+  const char* value;
+  size_t value_size;
+  PJRT_CallbackError* callback_error;
+  void* user_arg;
+} PJRT_KeyValuePutCallback_Args;
+
+typedef PJRT_Error* (*PJRT_KeyValuePutCallback)(PJRT_KeyValuePutCallback_Args* args);
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_NamedValue* create_options;
+  size_t num_options;
+  PJRT_KeyValueGetCallback kv_get_callback;
+  void* kv_get_user_arg;
+  PJRT_KeyValuePutCallback kv_put_callback;
+  void* kv_put_user_arg;
+  PJRT_Client* client;
+  PJRT_KeyValueTryGetCallback kv_try_get_callback;
+  void* kv_try_get_user_arg;
+} PJRT_Client_Create_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+} PJRT_Client_Destroy_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const char* platform_name;
+  size_t platform_name_size;
+} PJRT_Client_PlatformName_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  int process_index;
+} PJRT_Client_ProcessIndex_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const char* platform_version;
+  size_t platform_version_size;
+} PJRT_Client_PlatformVersion_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  PJRT_Device* const* devices;
+  size_t num_devices;
+} PJRT_Client_Devices_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  PJRT_Device* const* addressable_devices;
+  size_t num_addressable_devices;
+} PJRT_Client_AddressableDevices_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  int id;
+  PJRT_Device* device;
+} PJRT_Client_LookupDevice_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  int local_hardware_id;
+  PJRT_Device* addressable_device;
+} PJRT_Client_LookupAddressableDevice_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  PJRT_Memory* const* addressable_memories;
+  size_t num_addressable_memories;
+} PJRT_Client_AddressableMemories_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  char* code;
+  size_t code_size;
+  const char* format;
+  size_t format_size;
+} PJRT_Program;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const PJRT_Program* program;
+  const char* compile_options;
+  size_t compile_options_size;
+  PJRT_LoadedExecutable* executable;
+} PJRT_Client_Compile_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  int num_replicas;
+  int num_partitions;
+  size_t default_assignment_size;
+  int* default_assignment;
+} PJRT_Client_DefaultDeviceAssignment_Args;
+
+typedef enum {
+  PJRT_Buffer_Type_INVALID = 0,
+  PJRT_Buffer_Type_PRED = 1,
+  PJRT_Buffer_Type_S8 = 2,
+  PJRT_Buffer_Type_S16 = 3,
+  PJRT_Buffer_Type_S32 = 4,
+  PJRT_Buffer_Type_S64 = 5,
+  PJRT_Buffer_Type_U8 = 6,
+  PJRT_Buffer_Type_U16 = 7,
+  PJRT_Buffer_Type_U32 = 8,
+  PJRT_Buffer_Type_U64 = 9,
+  PJRT_Buffer_Type_F16 = 10,
+  PJRT_Buffer_Type_F32 = 11,
+  PJRT_Buffer_Type_F64 = 12,
+  PJRT_Buffer_Type_BF16 = 13,
+  PJRT_Buffer_Type_C64 = 14,
+  PJRT_Buffer_Type_C128 = 15,
+  PJRT_Buffer_Type_F8E5M2 = 16,
+  PJRT_Buffer_Type_F8E4M3FN = 17,
+  PJRT_Buffer_Type_F8E4M3B11FNUZ = 18,
+  PJRT_Buffer_Type_F8E5M2FNUZ = 19,
+  PJRT_Buffer_Type_F8E4M3FNUZ = 20,
+  PJRT_Buffer_Type_S4 = 21,
+  PJRT_Buffer_Type_U4 = 22,
+  PJRT_Buffer_Type_TOKEN = 23,
+  PJRT_Buffer_Type_S2 = 24,
+  PJRT_Buffer_Type_U2 = 25,
+  PJRT_Buffer_Type_F8E4M3 = 26,
+  PJRT_Buffer_Type_F8E3M4 = 27,
+  PJRT_Buffer_Type_F8E8M0FNU = 28,
+  PJRT_Buffer_Type_F4E2M1FN = 29,
+  PJRT_Buffer_Type_S1 = 30,
+  PJRT_Buffer_Type_U1 = 31,
+  PJRT_Buffer_Type_F6E2M3FN = 32,
+  PJRT_Buffer_Type_F6E3M2FN = 33
+} PJRT_Buffer_Type;
+
+typedef enum {
+  PJRT_HostBufferSemantics_kImmutableOnlyDuringCall = 0,
+  PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes = 1,
+  PJRT_HostBufferSemantics_kImmutableZeroCopy = 2,
+  PJRT_HostBufferSemantics_kMutableZeroCopy = 3
+} PJRT_HostBufferSemantics;
+
+typedef enum {
+  PJRT_Buffer_MemoryLayout_Type_Tiled = 0,
+  PJRT_Buffer_MemoryLayout_Type_Strides = 1
+} PJRT_Buffer_MemoryLayout_Type;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const int64_t* minor_to_major;
+  size_t minor_to_major_size;
+  const int64_t* tile_dims;
+  const size_t* tile_dim_sizes;
+  size_t num_tiles;
+} PJRT_Buffer_MemoryLayout_Tiled;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const int64_t* byte_strides;
+  size_t num_byte_strides;
+} PJRT_Buffer_MemoryLayout_Strides;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  union {
+    PJRT_Buffer_MemoryLayout_Tiled tiled;
+    PJRT_Buffer_MemoryLayout_Strides strides;
+  };
+  PJRT_Buffer_MemoryLayout_Type type;
+} PJRT_Buffer_MemoryLayout;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const void* data;
+  PJRT_Buffer_Type type;
+  const int64_t* dims;
+  size_t num_dims;
+  const int64_t* byte_strides;
+  size_t num_byte_strides;
+  PJRT_HostBufferSemantics host_buffer_semantics;
+  PJRT_Device* device;
+  PJRT_Memory* memory;
+  PJRT_Buffer_MemoryLayout* device_layout;
+  PJRT_Event* done_with_host_buffer;
+  PJRT_Buffer* buffer;
+} PJRT_Client_BufferFromHostBuffer_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  int id;
+} PJRT_DeviceDescription_Id_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  int process_index;
+} PJRT_DeviceDescription_ProcessIndex_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  size_t num_attributes;
+  const PJRT_NamedValue* attributes;
+} PJRT_DeviceDescription_Attributes_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  const char* device_kind;
+  size_t device_kind_size;
+} PJRT_DeviceDescription_Kind_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  const char* debug_string;
+  size_t debug_string_size;
+} PJRT_DeviceDescription_DebugString_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  const char* to_string;
+  size_t to_string_size;
+} PJRT_DeviceDescription_ToString_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Device* device;
+  PJRT_DeviceDescription* device_description;
+} PJRT_Device_GetDescription_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Device* device;
+  bool is_addressable;
+} PJRT_Device_IsAddressable_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Device* device;
+  int local_hardware_id;
+} PJRT_Device_LocalHardwareId_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Device* device;
+  PJRT_Memory* const* memories;
+  size_t num_memories;
+} PJRT_Device_AddressableMemories_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Device* device;
+  PJRT_Memory* memory;
+} PJRT_Device_DefaultMemory_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Memory* memory;
+  int id;
+} PJRT_Memory_Id_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Memory* memory;
+  const char* kind;
+  size_t kind_size;
+} PJRT_Memory_Kind_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Memory* memory;
+  int kind_id;
+} PJRT_Memory_Kind_Id_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Memory* memory;
+  const char* debug_string;
+  size_t debug_string_size;
+} PJRT_Memory_DebugString_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Memory* memory;
+  const char* to_string;
+  size_t to_string_size;
+} PJRT_Memory_ToString_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Memory* memory;
+  PJRT_Device* const* devices;
+  size_t num_devices;
+} PJRT_Memory_AddressableByDevices_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+} PJRT_Executable_Destroy_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* executable;
+} PJRT_LoadedExecutable_Destroy_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* loaded_executable;
+  PJRT_Executable* executable;
+} PJRT_LoadedExecutable_GetExecutable_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  const char* executable_name;
+  size_t executable_name_size;
+} PJRT_Executable_Name_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_replicas;
+} PJRT_Executable_NumReplicas_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_partitions;
+} PJRT_Executable_NumPartitions_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* executable;
+  PJRT_Device* const* addressable_devices;
+  size_t num_addressable_devices;
+} PJRT_LoadedExecutable_AddressableDevices_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  PJRT_Program* program;
+} PJRT_Executable_OptimizedProgram_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* executable;
+} PJRT_LoadedExecutable_Delete_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* executable;
+  bool is_deleted;
+} PJRT_LoadedExecutable_IsDeleted_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_SendCallbackInfo** send_callbacks;
+  PJRT_RecvCallbackInfo** recv_callbacks;
+  size_t num_send_ops;
+  size_t num_recv_ops;
+  int launch_id;
+  const int64_t* non_donatable_input_indices;
+  size_t num_non_donatable_input_indices;
+  PJRT_ExecuteContext* context;
+  const char* call_location;
+  size_t num_tasks;
+  int* task_ids;
+  int64_t* incarnation_ids;
+  PJRT_MultiSlice_Config* multi_slice_config;
+  bool use_major_to_minor_data_layout_for_callbacks;
+  PJRT_HloOutputCallbackInfo* hlo_output_callbacks;
+  size_t num_hlo_output_callbacks;
+} PJRT_ExecuteOptions;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* executable;
+  PJRT_ExecuteOptions* options;
+  PJRT_Buffer* const* const* argument_lists;
+  size_t num_devices;
+  size_t num_args;
+  PJRT_Buffer** const* output_lists;
+  PJRT_Event** device_complete_events;
+  PJRT_Device* execute_device;
+} PJRT_LoadedExecutable_Execute_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_outputs;
+} PJRT_Executable_NumOutputs_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  int64_t size_in_bytes;
+} PJRT_Executable_SizeOfGeneratedCodeInBytes_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  const char* executable_fingerprint;
+  size_t executable_fingerprint_size;
+} PJRT_Executable_Fingerprint_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_properties;
+  const PJRT_NamedValue* properties;
+} PJRT_Executable_GetCostAnalysis_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  PJRT_Buffer_Type* output_types;
+  size_t num_output_types;
+} PJRT_Executable_OutputElementTypes_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_outputs;
+  const int64_t* dims;
+  const size_t* dim_sizes;
+} PJRT_Executable_OutputDimensions_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_outputs;
+  const char* const* memory_kinds;
+  const size_t* memory_kind_sizes;
+} PJRT_Executable_OutputMemoryKinds_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_Executable* executable;
+  const char* serialized_bytes;
+  size_t serialized_bytes_size;
+  PJRT_SerializedExecutable* serialized_executable;
+  void (*serialized_executable_deleter)(PJRT_SerializedExecutable* exec);
+} PJRT_Executable_Serialize_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const char* serialized_executable;
+  size_t serialized_executable_size;
+  PJRT_LoadedExecutable* loaded_executable;
+  const char* overridden_serialized_compile_options;
+  size_t overridden_serialized_compile_options_size;
+  const PJRT_LoadOptions* load_options;
+} PJRT_Executable_DeserializeAndLoad_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_LoadedExecutable* executable;
+  const char* executable_fingerprint;
+  size_t executable_fingerprint_size;
+} PJRT_LoadedExecutable_Fingerprint_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+} PJRT_Buffer_Destroy_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  PJRT_Buffer_Type type;
+} PJRT_Buffer_ElementType_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  const int64_t* dims;
+  size_t num_dims;
+} PJRT_Buffer_Dimensions_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  const int64_t* unpadded_dims;
+  size_t num_dims;
+} PJRT_Buffer_UnpaddedDimensions_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* src;
+  PJRT_Buffer_MemoryLayout* host_layout;
+  void* dst;
+  size_t dst_size;
+  PJRT_Event* event;
+} PJRT_Buffer_ToHostBuffer_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  size_t on_device_size_in_bytes;
+} PJRT_Buffer_OnDeviceSizeInBytes_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+} PJRT_Buffer_Delete_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  bool is_deleted;
+} PJRT_Buffer_IsDeleted_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  PJRT_Device* dst_device;
+  PJRT_Buffer* dst_buffer;
+} PJRT_Buffer_CopyToDevice_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  bool is_on_cpu;
+} PJRT_Buffer_IsOnCpu_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  PJRT_Device* device;
+} PJRT_Buffer_Device_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  PJRT_Memory* memory;
+} PJRT_Buffer_Memory_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  PJRT_Event* event;
+} PJRT_Buffer_ReadyEvent_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  PJRT_Buffer_MemoryLayout layout;
+} PJRT_Buffer_GetMemoryLayout_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+} PJRT_Buffer_IncreaseExternalReferenceCount_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+} PJRT_Buffer_DecreaseExternalReferenceCount_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  void* device_memory_ptr;
+} PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args;
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  void* dst;
+  int64_t offset;
+  int64_t transfer_size;
+  PJRT_Event* event;
+} PJRT_Buffer_CopyRawToHost_Args;
+
+typedef PJRT_Error* PJRT_UntypedFunction(void* args);
+"""
+
+
+class Slot(NamedTuple):
+    """One function pointer of PJRT_Api: its name, the args struct we call it with, and
+    the API minor that added it (for error messages)."""
+
+    name: str
+    args: str | None
+    added: int
+
+
+# Slots that exist in every plugin we support carry MIN_SUPPORTED_MINOR as "added".
+_M = MIN_SUPPORTED_MINOR
+
+
+def _s(name: str, args: str | None = "", added: int = _M) -> Slot:
+    if args == "":
+        args = f"{name}_Args"
+    return Slot(name, args, added)
+
+
+#: PJRT_Api's function-pointer slots in declaration order: slot i lives at 40 + 8*i.
+#: ``args is None`` marks a slot we never call (declared untyped, still gated).
+API_SLOTS: tuple[Slot, ...] = (
+    _s("PJRT_Error_Destroy"),
+    _s("PJRT_Error_Message"),
+    _s("PJRT_Error_GetCode"),
+    _s("PJRT_Plugin_Initialize"),
+    _s("PJRT_Plugin_Attributes"),
+    _s("PJRT_Event_Destroy"),
+    _s("PJRT_Event_IsReady"),
+    _s("PJRT_Event_Error"),
+    _s("PJRT_Event_Await"),
+    _s("PJRT_Event_OnReady", None),
+    _s("PJRT_Client_Create"),
+    _s("PJRT_Client_Destroy"),
+    _s("PJRT_Client_PlatformName"),
+    _s("PJRT_Client_ProcessIndex"),
+    _s("PJRT_Client_PlatformVersion"),
+    _s("PJRT_Client_Devices"),
+    _s("PJRT_Client_AddressableDevices"),
+    _s("PJRT_Client_LookupDevice"),
+    _s("PJRT_Client_LookupAddressableDevice"),
+    _s("PJRT_Client_AddressableMemories"),
+    _s("PJRT_Client_Compile"),
+    _s("PJRT_Client_DefaultDeviceAssignment"),
+    _s("PJRT_Client_BufferFromHostBuffer"),
+    _s("PJRT_DeviceDescription_Id"),
+    _s("PJRT_DeviceDescription_ProcessIndex"),
+    _s("PJRT_DeviceDescription_Attributes"),
+    _s("PJRT_DeviceDescription_Kind"),
+    _s("PJRT_DeviceDescription_DebugString"),
+    _s("PJRT_DeviceDescription_ToString"),
+    _s("PJRT_Device_GetDescription"),
+    _s("PJRT_Device_IsAddressable"),
+    _s("PJRT_Device_LocalHardwareId"),
+    _s("PJRT_Device_AddressableMemories"),
+    _s("PJRT_Device_DefaultMemory"),
+    _s("PJRT_Device_MemoryStats", None),
+    _s("PJRT_Memory_Id"),
+    _s("PJRT_Memory_Kind"),
+    _s("PJRT_Memory_DebugString"),
+    _s("PJRT_Memory_ToString"),
+    _s("PJRT_Memory_AddressableByDevices"),
+    _s("PJRT_Executable_Destroy"),
+    _s("PJRT_Executable_Name"),
+    _s("PJRT_Executable_NumReplicas"),
+    _s("PJRT_Executable_NumPartitions"),
+    _s("PJRT_Executable_NumOutputs"),
+    _s("PJRT_Executable_SizeOfGeneratedCodeInBytes"),
+    _s("PJRT_Executable_GetCostAnalysis"),
+    _s("PJRT_Executable_OutputMemoryKinds"),
+    _s("PJRT_Executable_OptimizedProgram"),
+    _s("PJRT_Executable_Serialize"),
+    _s("PJRT_LoadedExecutable_Destroy"),
+    _s("PJRT_LoadedExecutable_GetExecutable"),
+    _s("PJRT_LoadedExecutable_AddressableDevices"),
+    _s("PJRT_LoadedExecutable_Delete"),
+    _s("PJRT_LoadedExecutable_IsDeleted"),
+    _s("PJRT_LoadedExecutable_Execute"),
+    _s("PJRT_Executable_DeserializeAndLoad"),
+    _s("PJRT_LoadedExecutable_Fingerprint"),
+    _s("PJRT_Buffer_Destroy"),
+    _s("PJRT_Buffer_ElementType"),
+    _s("PJRT_Buffer_Dimensions"),
+    _s("PJRT_Buffer_UnpaddedDimensions"),
+    _s("PJRT_Buffer_DynamicDimensionIndices", None),
+    _s("PJRT_Buffer_GetMemoryLayout"),
+    _s("PJRT_Buffer_OnDeviceSizeInBytes"),
+    _s("PJRT_Buffer_Device"),
+    _s("PJRT_Buffer_Memory"),
+    _s("PJRT_Buffer_Delete"),
+    _s("PJRT_Buffer_IsDeleted"),
+    _s("PJRT_Buffer_CopyToDevice"),
+    _s("PJRT_Buffer_ToHostBuffer"),
+    _s("PJRT_Buffer_IsOnCpu"),
+    _s("PJRT_Buffer_ReadyEvent"),
+    _s("PJRT_Buffer_UnsafePointer", None),
+    _s("PJRT_Buffer_IncreaseExternalReferenceCount"),
+    _s("PJRT_Buffer_DecreaseExternalReferenceCount"),
+    _s("PJRT_Buffer_OpaqueDeviceMemoryDataPointer"),
+    _s("PJRT_CopyToDeviceStream_Destroy", None),
+    _s("PJRT_CopyToDeviceStream_AddChunk", None),
+    _s("PJRT_CopyToDeviceStream_TotalBytes", None),
+    _s("PJRT_CopyToDeviceStream_GranuleSize", None),
+    _s("PJRT_CopyToDeviceStream_CurrentBytes", None),
+    _s("PJRT_TopologyDescription_Create", None),
+    _s("PJRT_TopologyDescription_Destroy", None),
+    _s("PJRT_TopologyDescription_PlatformName", None),
+    _s("PJRT_TopologyDescription_PlatformVersion", None),
+    _s("PJRT_TopologyDescription_GetDeviceDescriptions", None),
+    _s("PJRT_TopologyDescription_Serialize", None),
+    _s("PJRT_TopologyDescription_Attributes", None),
+    _s("PJRT_Compile", None),
+    # Appended after the original table (changelog minors; all below 0.57 are present in
+    # every plugin we accept, so they carry MIN_SUPPORTED_MINOR).
+    _s("PJRT_Executable_OutputElementTypes"),
+    _s("PJRT_Executable_OutputDimensions"),
+    _s("PJRT_Buffer_CopyToMemory", None),
+    _s("PJRT_Client_CreateViewOfDeviceBuffer", None),
+    _s("PJRT_Executable_Fingerprint"),
+    _s("PJRT_Client_TopologyDescription", None),
+    _s("PJRT_Executable_GetCompiledMemoryStats", None),
+    _s("PJRT_Memory_Kind_Id"),
+    _s("PJRT_ExecuteContext_Create", None),
+    _s("PJRT_ExecuteContext_Destroy", None),
+    _s("PJRT_Buffer_CopyRawToHost"),
+    _s("PJRT_AsyncHostToDeviceTransferManager_Destroy", None),
+    _s("PJRT_AsyncHostToDeviceTransferManager_TransferData", None),
+    _s("PJRT_Client_CreateBuffersForAsyncHostToDevice", None, 60),
+    _s("PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer", None, 62),
+    _s("PJRT_AsyncHostToDeviceTransferManager_Device", None, 62),
+    _s("PJRT_AsyncHostToDeviceTransferManager_BufferCount", None, 62),
+    _s("PJRT_AsyncHostToDeviceTransferManager_BufferSize", None, 62),
+    _s("PJRT_AsyncHostToDeviceTransferManager_SetBufferError", None, 62),
+    _s("PJRT_AsyncHostToDeviceTransferManager_AddMetadata", None, 62),
+    _s("PJRT_Client_DmaMap", None, 67),
+    _s("PJRT_Client_DmaUnmap", None, 67),
+    _s("PJRT_Client_CreateUninitializedBuffer", None, 69),
+    _s("PJRT_Client_UpdateGlobalProcessInfo", None, 73),
+    _s("PJRT_TopologyDescription_Deserialize", None, 75),
+    _s("PJRT_Client_CreateAliasBuffer", None, 77),
+    _s("PJRT_Client_FulfillAliasBuffer", None, 77),
+    _s("PJRT_LoadedExecutable_GetDeviceAssignment", None, 79),
+    _s("PJRT_Client_CreateErrorBuffer", None, 82),
+    _s("PJRT_AsyncHostToDeviceTransferManager_TransferLiteral", None, 83),
+    _s("PJRT_Buffer_CopyRawToHostFuture", None, 84),
+    _s("PJRT_Device_PoisonExecution", None, 85),
+    _s("PJRT_Device_CreateAsyncTrackingEvent", None, 86),
+    _s("PJRT_AsyncTrackingEvent_Destroy", None, 86),
+    _s("PJRT_Executable_GetCompileOptions", None, 87),
+    _s("PJRT_Buffer_DonateWithControlDependency", None, 88),
+    _s("PJRT_Event_Create", None, 89),
+    _s("PJRT_Event_Set", None, 89),
+    _s("PJRT_Device_GetAttributes", None, 92),
+    _s("PJRT_Client_Load", None, 95),
+    _s("PJRT_LoadedExecutable_AddressableDeviceLogicalIds", None, 96),
+    _s("PJRT_Buffer_Bitcast", None, 98),
+    _s("PJRT_Error_ForEachPayload", None, 99),
+    _s("PJRT_TopologyDescription_Fingerprint", None, 101),
+    _s("PJRT_Executable_ParameterMemoryKinds", None, 102),
+    _s("PJRT_Device_ClearMemoryStats", None, 106),
+    # The changelog we could read stops at 0.105; these two are in the 0.114 layout, so
+    # 0.114 is the newest minor that can have added them (reported as "by 0.114").
+    _s("PJRT_TopologyDescription_MakeCanonicalShapeForMemorySpace", None, HEADER_MINOR),
+    _s("PJRT_TopologyDescription_GetMemorySpaceKindIds", None, HEADER_MINOR),
+)
+
+#: Slots whose exact introducing minor is unknown (only an upper bound is).
+ADDED_BY_AT_LATEST = frozenset(
+    {"PJRT_TopologyDescription_MakeCanonicalShapeForMemorySpace", "PJRT_TopologyDescription_GetMemorySpaceKindIds"}
+)
+
+#: Args-struct fields appended after the 0.81 header (the one the ABI test compiles), with the
+#: minor that added them (an upper bound where the changelog is silent).
+FIELDS_ADDED_AFTER_0_81: dict[tuple[str, str], int] = {
+    ("PJRT_ExecuteOptions", "multi_slice_config"): 97,
+    ("PJRT_ExecuteOptions", "use_major_to_minor_data_layout_for_callbacks"): HEADER_MINOR,
+    ("PJRT_ExecuteOptions", "hlo_output_callbacks"): HEADER_MINOR,
+    ("PJRT_ExecuteOptions", "num_hlo_output_callbacks"): HEADER_MINOR,
+    ("PJRT_Executable_DeserializeAndLoad_Args", "load_options"): HEADER_MINOR,
+}
+
+#: Fields that plugins at or above MIN_SUPPORTED_MINOR may still lack, with the minor that
+#: added them; the runtime sets them only when the plugin is new enough.
+FIELDS_ADDED: dict[tuple[str, str], int] = {
+    ("PJRT_Client_Create_Args", "kv_try_get_callback"): 61,
+    ("PJRT_Client_Create_Args", "kv_try_get_user_arg"): 61,
+    ("PJRT_ExecuteOptions", "context"): 64,
+    ("PJRT_ExecuteOptions", "call_location"): 76,
+    ("PJRT_ExecuteOptions", "num_tasks"): 78,
+    ("PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options"): 71,
+    ("PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options_size"): 71,
+    **FIELDS_ADDED_AFTER_0_81,
+}
+
+#: Byte offset of the first function slot in PJRT_Api.
+SLOT_BASE_OFFSET = 40
+#: The pointer size the layout assumes (LP64).
+POINTER_SIZE = 8
+
+
+def _api_struct_cdef() -> str:
+    lines = [
+        "typedef struct PJRT_Api {",
+        "  size_t struct_size;",
+        "  PJRT_Extension_Base* extension_start;",
+        "  PJRT_Api_Version pjrt_api_version;",
+    ]
+    for slot in API_SLOTS:
+        if slot.args is None:
+            lines.append(f"  PJRT_UntypedFunction* {slot.name};")
+        elif slot.name in ("PJRT_Error_Destroy", "PJRT_Error_Message"):
+            lines.append(f"  void (*{slot.name})({slot.args}* args);")
+        else:
+            lines.append(f"  PJRT_Error* (*{slot.name})({slot.args}* args);")
+    lines.append("} PJRT_Api;")
+    lines.append("const PJRT_Api* GetPjrtApi(void);")
+    return "\n".join(lines) + "\n"
+
+
+#: The complete declarations, as C text (cffi reads it; the ABI test also compiles it).
+CDEF = _TYPES + _api_struct_cdef()
+
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
+
+
+def _struct_sizes() -> dict[str, int]:
+    """``offsetof(last field) + sizeof(last field)`` for every args struct we declare."""
+    sizes: dict[str, int] = {}
+    for name in ffi.list_types()[0]:
+        try:
+            ctype = ffi.typeof(name)
+        except cffi.CDefError:  # a function typedef
+            continue
+        if ctype.kind != "struct" or not ctype.fields:
+            continue
+        field_name, field = ctype.fields[-1]
+        sizes[name] = field.offset + ffi.sizeof(field.type)
+    return sizes
+
+
+#: STRUCT_SIZE of each declared struct, derived from cffi: the one source of truth.
+STRUCT_SIZE: dict[str, int] = _struct_sizes()
+
+#: Slot index and metadata by function name.
+SLOT_INDEX: dict[str, int] = {slot.name: i for i, slot in enumerate(API_SLOTS)}
+SLOTS_BY_NAME: dict[str, Slot] = {slot.name: slot for slot in API_SLOTS}
+
+
+def slot_end(name: str) -> int:
+    """Bytes of PJRT_Api a plugin must report for slot ``name`` to exist."""
+    return SLOT_BASE_OFFSET + POINTER_SIZE * (SLOT_INDEX[name] + 1)
+
+
+def enum_values(type_name: str) -> dict[str, int]:
+    """``{member name: value}`` of a declared enum (cffi refuses names as values)."""
+    return dict(ffi.typeof(type_name).relements)
+
+
+EXTENSION_TYPE_NAMES: dict[int, str] = {
+    value: name.removeprefix("PJRT_Extension_Type_") for name, value in enum_values("PJRT_Extension_Type").items()
+}

@@ -1,0 +1,610 @@
+"""Client, Device and Memory: a PJRT client on one plugin, and the hardware it exposes.
+
+A Client owns its PJRT_Client and every Buffer and Executable made from it: closing the
+client releases them first, so no destroy order can crash. Options are validated in
+Python before ``PJRT_Client_Create``; a mistyped option never reaches the plugin.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import ClientClosedError, PjrtError, PjrtPluginsError
+from ..options import validate_options
+from ._buffer import Buffer, aligned_copy, host_array
+from ._cdef import ffi
+from ._compile_options import CompileOptions
+from ._dtypes import pjrt_type_of
+from ._executable import Executable
+from ._kv import KvCallbacks
+from ._library import Library, load_library, new_args
+from ._named_values import EncodedNamedValues, decode_named_values
+
+logger = logging.getLogger(__name__)
+
+_ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
+_UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
+_live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+_dims_cache: dict[tuple[int, ...], Any] = {}
+
+
+def _string(args: Any, pointer_field: str, size_field: str) -> str:
+    pointer = getattr(args, pointer_field)
+    if pointer == ffi.NULL:
+        return ""
+    return ffi.unpack(pointer, getattr(args, size_field)).decode("utf-8", "replace")
+
+
+def _dims(shape: tuple[int, ...]) -> Any:
+    dims = _dims_cache.get(shape)
+    if dims is None:
+        dims = ffi.new("int64_t[]", shape)
+        if len(_dims_cache) < 4096:
+            _dims_cache[shape] = dims
+    return dims
+
+
+class Memory:
+    """A memory space (``device``, ``pinned_host``, ...) of a client."""
+
+    def __init__(self, client: Client, ptr: Any) -> None:
+        self._client_ref = weakref.ref(client)
+        self._lib = client._lib
+        self._ptr = ptr
+        args = new_args("PJRT_Memory_Id_Args")
+        args.memory = ptr
+        self._lib.call("PJRT_Memory_Id", args)
+        self.id = int(args.id)
+        args = new_args("PJRT_Memory_Kind_Args")
+        args.memory = ptr
+        self._lib.call("PJRT_Memory_Kind", args)
+        self.kind = _string(args, "kind", "kind_size")
+
+    @property
+    def kind_id(self) -> int:
+        args = new_args("PJRT_Memory_Kind_Id_Args")
+        args.memory = self._ptr
+        self._lib.call("PJRT_Memory_Kind_Id", args)
+        return int(args.kind_id)
+
+    @property
+    def addressable_by_devices(self) -> list[Device]:
+        client = _alive(self._client_ref)
+        args = new_args("PJRT_Memory_AddressableByDevices_Args")
+        args.memory = self._ptr
+        self._lib.call("PJRT_Memory_AddressableByDevices", args)
+        return [client._device(args.devices[i]) for i in range(args.num_devices)]
+
+    def __str__(self) -> str:
+        args = new_args("PJRT_Memory_ToString_Args")
+        args.memory = self._ptr
+        self._lib.call("PJRT_Memory_ToString", args)
+        return _string(args, "to_string", "to_string_size")
+
+    def __repr__(self) -> str:
+        return f"<pjrt Memory id={self.id} kind={self.kind!r}>"
+
+
+class Device:
+    """One device of a client: id, kind, process index, attributes and memories."""
+
+    def __init__(self, client: Client, ptr: Any) -> None:
+        self._client_ref = weakref.ref(client)
+        self._lib = lib = client._lib
+        self._ptr = ptr
+        args = new_args("PJRT_Device_GetDescription_Args")
+        args.device = ptr
+        lib.call("PJRT_Device_GetDescription", args)
+        self._description = desc = args.device_description
+        args = new_args("PJRT_DeviceDescription_Id_Args")
+        args.device_description = desc
+        lib.call("PJRT_DeviceDescription_Id", args)
+        self.id = int(args.id)
+        args = new_args("PJRT_DeviceDescription_ProcessIndex_Args")
+        args.device_description = desc
+        lib.call("PJRT_DeviceDescription_ProcessIndex", args)
+        self.process_index = int(args.process_index)
+        args = new_args("PJRT_DeviceDescription_Kind_Args")
+        args.device_description = desc
+        lib.call("PJRT_DeviceDescription_Kind", args)
+        self.kind = _string(args, "device_kind", "device_kind_size")
+        args = new_args("PJRT_Device_IsAddressable_Args")
+        args.device = ptr
+        lib.call("PJRT_Device_IsAddressable", args)
+        self.is_addressable = bool(args.is_addressable)
+        self._attributes: dict[str, Any] | None = None
+        self._local_hardware_id: int | None = None
+        self._read_plan: Any = None  # how buffers put here are read back (same for all of them)
+
+    @property
+    def client(self) -> Client:
+        return _alive(self._client_ref)
+
+    @property
+    def local_hardware_id(self) -> int:
+        """Opaque hardware id (e.g. the CUDA ordinal); -1 if the plugin has none."""
+        if self._local_hardware_id is None:
+            args = new_args("PJRT_Device_LocalHardwareId_Args")
+            args.device = self._ptr
+            self._lib.call("PJRT_Device_LocalHardwareId", args)
+            self._local_hardware_id = int(args.local_hardware_id)
+        return self._local_hardware_id
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        if self._attributes is None:
+            args = new_args("PJRT_DeviceDescription_Attributes_Args")
+            args.device_description = self._description
+            self._lib.call("PJRT_DeviceDescription_Attributes", args)
+            self._attributes = decode_named_values(args.attributes, args.num_attributes)
+        return dict(self._attributes)
+
+    @property
+    def memories(self) -> list[Memory]:
+        client = _alive(self._client_ref)
+        args = new_args("PJRT_Device_AddressableMemories_Args")
+        args.device = self._ptr
+        self._lib.call("PJRT_Device_AddressableMemories", args)
+        return [client._memory(args.memories[i]) for i in range(args.num_memories)]
+
+    @property
+    def default_memory(self) -> Memory:
+        client = _alive(self._client_ref)
+        args = new_args("PJRT_Device_DefaultMemory_Args")
+        args.device = self._ptr
+        self._lib.call("PJRT_Device_DefaultMemory", args)
+        return client._memory(args.memory)
+
+    @property
+    def debug_string(self) -> str:
+        args = new_args("PJRT_DeviceDescription_DebugString_Args")
+        args.device_description = self._description
+        self._lib.call("PJRT_DeviceDescription_DebugString", args)
+        return _string(args, "debug_string", "debug_string_size")
+
+    def __str__(self) -> str:
+        args = new_args("PJRT_DeviceDescription_ToString_Args")
+        args.device_description = self._description
+        self._lib.call("PJRT_DeviceDescription_ToString", args)
+        return _string(args, "to_string", "to_string_size")
+
+    def __repr__(self) -> str:
+        return f"<pjrt Device id={self.id} kind={self.kind!r} process_index={self.process_index}>"
+
+
+def _alive(ref: weakref.ref[Client]) -> Client:
+    client = ref()
+    if client is None or client._closed:
+        raise ClientClosedError("the client this object belongs to has been closed")
+    return client
+
+
+class Client:
+    """A PJRT client on one plugin library. Use it as a context manager or call close().
+
+    ``options`` are checked against ``schema`` (``{name: type}``) before the C call:
+    an unknown name raises ValueError listing the known ones, a wrong type raises
+    TypeError. ``kv_store`` (get/try_get/put) is wired to the plugin's KV callbacks.
+    """
+
+    def __init__(
+        self,
+        library: Library | str | os.PathLike[str],
+        options: Mapping[str, Any] | None = None,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        kv_store: Any = None,
+        plugin_name: str | None = None,
+        initialize_timeout: float | None = None,
+    ) -> None:
+        self._closed = True  # until PJRT_Client_Create succeeds
+        self._ptr = ffi.NULL
+        self._kv: KvCallbacks | None = None
+        lib = library if isinstance(library, Library) else load_library(library)
+        self._lib = lib
+        self.plugin_name = plugin_name or lib.name
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"client options must be a mapping of name to value, got {type(options).__name__}")
+        values = validate_options(dict(options or {}), schema, plugin=f"plugin {self.plugin_name!r}")
+        lib.initialize(initialize_timeout)
+        encoded = EncodedNamedValues(values)
+        args = new_args("PJRT_Client_Create_Args")
+        args.create_options = encoded.pointer
+        args.num_options = encoded.count
+        if kv_store is not None:
+            self._kv = KvCallbacks(kv_store)
+            args.kv_get_callback = self._kv.get
+            args.kv_put_callback = self._kv.put
+            if lib.supports_field("PJRT_Client_Create_Args", "kv_try_get_callback"):
+                args.kv_try_get_callback = self._kv.try_get
+        lib.call("PJRT_Client_Create", args)
+        self._ptr = args.client
+        self._closed = False
+        self._lock = threading.RLock()
+        self._live_buffers: dict[int, tuple[Any, Any]] = {}
+        self._live_executables: dict[int, tuple[Any, Any]] = {}
+        self._pending_host: list[tuple[Any, Any]] = []
+        self._devices_by_ptr: dict[int, Device] = {}
+        self._memories_by_ptr: dict[int, Memory] = {}
+        self._devices: list[Device] | None = None
+        self._addressable: list[Device] | None = None
+        self._platform_name: str | None = None
+        self._platform_version: str | None = None
+        _live_clients.add(self)
+        logger.debug("created a PJRT client on %s", lib.path)
+
+    # -- lifetime --------------------------------------------------------------------
+
+    @property
+    def library(self) -> Library:
+        return self._lib
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def close(self) -> None:
+        """Release every buffer and executable of this client, then destroy the client.
+
+        Buffers and executables still referenced elsewhere become unusable (ValueError).
+        """
+        if self._closed:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._live_buffers:
+                try:
+                    _, entry = self._live_buffers.popitem()
+                except KeyError:  # emptied by a concurrent release
+                    break
+                self._destroy_buffer(entry, None, wait=True)
+            while self._live_executables:
+                try:
+                    _, entry = self._live_executables.popitem()
+                except KeyError:
+                    break
+                self._destroy_executable(entry)
+            self._drain_pending_host(wait=True)
+            args = new_args("PJRT_Client_Destroy_Args")
+            args.client = self._ptr
+            self._ptr = ffi.NULL
+            try:
+                self._lib.call("PJRT_Client_Destroy", args)
+            finally:
+                if self._kv is not None:
+                    self._kv.release()
+                _live_clients.discard(self)
+
+    def _check_open(self) -> Any:
+        if self._closed:
+            raise ClientClosedError(f"this client on {self.plugin_name!r} has been closed")
+        return self._ptr
+
+    def _destroy_buffer(self, entry: tuple[Any, Any], host: Any, wait: bool = False) -> None:
+        """Destroy a buffer handle; keep ``host`` until its done-with-host event fires."""
+        ptr, event = entry
+        args = new_args("PJRT_Buffer_Destroy_Args")
+        args.buffer = ptr
+        try:
+            self._lib.call("PJRT_Buffer_Destroy", args)
+        finally:
+            if event is not None:
+                if wait:
+                    self._await_quietly(event)
+                elif self._lib.event_is_ready(event):
+                    self._lib.destroy_event(event)
+                else:
+                    with self._lock:
+                        self._pending_host.append((event, host))
+
+    def _destroy_executable(self, entry: tuple[Any, Any]) -> None:
+        executable, loaded = entry
+        args = new_args("PJRT_Executable_Destroy_Args")
+        args.executable = executable
+        try:
+            self._lib.call("PJRT_Executable_Destroy", args)
+        finally:
+            largs = new_args("PJRT_LoadedExecutable_Destroy_Args")
+            largs.executable = loaded
+            self._lib.call("PJRT_LoadedExecutable_Destroy", largs)
+
+    def _await_quietly(self, event: Any) -> None:
+        try:
+            self._lib.await_event(event, "PJRT_Client_BufferFromHostBuffer")
+        except PjrtError as exc:  # the transfer failed; the host memory is free either way
+            logger.debug("a host-to-device transfer reported %s", exc)
+
+    def _drain_pending_host(self, wait: bool = False) -> None:
+        """Let go of host memory whose transfers are done (all of it with ``wait``)."""
+        with self._lock:
+            pending, self._pending_host = self._pending_host, []
+        keep = []
+        for event, host in pending:
+            if wait:
+                self._await_quietly(event)
+            elif self._lib.event_is_ready(event):
+                self._lib.destroy_event(event)
+            else:
+                keep.append((event, host))
+        if keep:
+            with self._lock:
+                self._pending_host.extend(keep)
+
+    # -- facts -----------------------------------------------------------------------
+
+    @property
+    def platform_name(self) -> str:
+        if self._platform_name is None:
+            args = new_args("PJRT_Client_PlatformName_Args")
+            args.client = self._check_open()
+            self._lib.call("PJRT_Client_PlatformName", args)
+            self._platform_name = _string(args, "platform_name", "platform_name_size")
+        return self._platform_name
+
+    @property
+    def platform_version(self) -> str:
+        if self._platform_version is None:
+            args = new_args("PJRT_Client_PlatformVersion_Args")
+            args.client = self._check_open()
+            self._lib.call("PJRT_Client_PlatformVersion", args)
+            self._platform_version = _string(args, "platform_version", "platform_version_size")
+        return self._platform_version
+
+    @property
+    def process_index(self) -> int:
+        args = new_args("PJRT_Client_ProcessIndex_Args")
+        args.client = self._check_open()
+        self._lib.call("PJRT_Client_ProcessIndex", args)
+        return int(args.process_index)
+
+    @property
+    def devices(self) -> list[Device]:
+        """Every device the client sees, addressable or not."""
+        if self._devices is None:
+            args = new_args("PJRT_Client_Devices_Args")
+            args.client = self._check_open()
+            self._lib.call("PJRT_Client_Devices", args)
+            self._devices = [self._device(args.devices[i]) for i in range(args.num_devices)]
+        return list(self._devices)
+
+    @property
+    def addressable_devices(self) -> list[Device]:
+        """The devices this process can run on."""
+        if self._addressable is None:
+            args = new_args("PJRT_Client_AddressableDevices_Args")
+            args.client = self._check_open()
+            self._lib.call("PJRT_Client_AddressableDevices", args)
+            self._addressable = [
+                self._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
+            ]
+        return list(self._addressable)
+
+    @property
+    def memories(self) -> list[Memory]:
+        args = new_args("PJRT_Client_AddressableMemories_Args")
+        args.client = self._check_open()
+        self._lib.call("PJRT_Client_AddressableMemories", args)
+        return [self._memory(args.addressable_memories[i]) for i in range(args.num_addressable_memories)]
+
+    def lookup_device(self, device_id: int) -> Device:
+        """The device whose id is ``device_id``; PjrtError if there is none."""
+        args = new_args("PJRT_Client_LookupDevice_Args")
+        args.client = self._check_open()
+        args.id = int(device_id)
+        self._lib.call("PJRT_Client_LookupDevice", args)
+        return self._device(args.device)
+
+    def lookup_addressable_device(self, local_hardware_id: int) -> Device:
+        args = new_args("PJRT_Client_LookupAddressableDevice_Args")
+        args.client = self._check_open()
+        args.local_hardware_id = int(local_hardware_id)
+        self._lib.call("PJRT_Client_LookupAddressableDevice", args)
+        return self._device(args.addressable_device)
+
+    def default_device_assignment(self, num_replicas: int, num_partitions: int = 1) -> list[list[int]]:
+        """Device ids as ``[replica][partition]``, the plugin's default placement."""
+        if num_replicas < 1 or num_partitions < 1:
+            raise ValueError("num_replicas and num_partitions must be >= 1")
+        count = num_replicas * num_partitions
+        out = ffi.new("int[]", count)
+        args = new_args("PJRT_Client_DefaultDeviceAssignment_Args")
+        args.client = self._check_open()
+        args.num_replicas = num_replicas
+        args.num_partitions = num_partitions
+        args.default_assignment_size = count
+        args.default_assignment = out
+        self._lib.call("PJRT_Client_DefaultDeviceAssignment", args)
+        flat = list(out)
+        return [flat[r * num_partitions : (r + 1) * num_partitions] for r in range(num_replicas)]
+
+    def _device(self, ptr: Any) -> Device:
+        key = int(ffi.cast("uintptr_t", ptr))
+        device = self._devices_by_ptr.get(key)
+        if device is None:
+            device = self._devices_by_ptr.setdefault(key, Device(self, ptr))
+        return device
+
+    def _memory(self, ptr: Any) -> Memory:
+        key = int(ffi.cast("uintptr_t", ptr))
+        memory = self._memories_by_ptr.get(key)
+        if memory is None:
+            memory = self._memories_by_ptr.setdefault(key, Memory(self, ptr))
+        return memory
+
+    def _resolve_device(self, device: Device | int | None) -> Device:
+        if device is None:
+            devices = self.addressable_devices
+            if not devices:
+                raise PjrtPluginsError(f"the client on {self.plugin_name!r} has no addressable devices")
+            return devices[0]
+        if isinstance(device, Device):
+            if device._client_ref() is not self:
+                raise ValueError(f"{device!r} belongs to another client")
+            return device
+        if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+            return self.lookup_device(int(device))
+        raise TypeError(f"device must be a Device, a device id or None, got {type(device).__name__}")
+
+    # -- buffers ---------------------------------------------------------------------
+
+    def buffer_from_host(
+        self, value: Any, device: Device | int | None = None, *, copy: bool | None = None
+    ) -> Buffer:
+        """Transfer a numpy array, torch CPU tensor or array-like to ``device``.
+
+        ``copy=None`` (default) and ``copy=True``: the buffer gets its own copy, so later
+        changes to ``value`` do not reach it. Where the plugin keeps buffers in host memory
+        (the CPU plugin) we make that copy with numpy and hand it over without a second
+        one; elsewhere the plugin copies while we keep ``value`` alive until it is done.
+        ``copy=False``: zero-copy where the plugin allows (the CPU plugin aliases
+        64-byte-aligned memory); you promise not to modify ``value`` while the buffer
+        lives. Inputs the plugin cannot read as they are (non-contiguous, byte-swapped) are
+        always copied first.
+        """
+        ptr = self._check_open()
+        target = self._resolve_device(device)
+        array, usable_as_is = host_array(value)
+        host_resident = target._read_plan is not None and target._read_plan.mode == "direct"
+        if not usable_as_is or (copy is not False and host_resident):
+            array = aligned_copy(array)  # private: nobody else can change it
+            zero_copy = True
+        else:
+            zero_copy = copy is False
+        pjrt_type = pjrt_type_of(array.dtype)
+        args = new_args("PJRT_Client_BufferFromHostBuffer_Args")
+        data = ffi.from_buffer(array)
+        args.client = ptr
+        args.data = data
+        args.type = pjrt_type
+        args.dims = _dims(array.shape)
+        args.num_dims = array.ndim
+        args.host_buffer_semantics = _ZERO_COPY if zero_copy else _UNTIL_TRANSFER_COMPLETES
+        args.device = target._ptr
+        self._lib.call("PJRT_Client_BufferFromHostBuffer", args)
+        buffer = Buffer(self, args.buffer, array.shape, array.dtype, target._read_plan)
+        if target._read_plan is None:  # a device's default memory and layout never change
+            target._read_plan = buffer.read_plan()._replace(order=None)
+        event = args.done_with_host_buffer
+        if event != ffi.NULL:
+            if not zero_copy and self._lib.event_is_ready(event):
+                self._lib.destroy_event(event)
+            else:
+                buffer._hold_host((array, data), event)
+        if self._pending_host:
+            self._drain_pending_host()
+        return buffer
+
+    # -- programs --------------------------------------------------------------------
+
+    def compile(
+        self,
+        program: str | bytes,
+        options: CompileOptions | bytes | None = None,
+        *,
+        format: str = "mlir",
+    ) -> Executable:
+        """Compile StableHLO (text, MLIR bytecode or a portable artifact) for this client.
+
+        ``options`` is a :class:`CompileOptions`, serialized ``xla.CompileOptionsProto``
+        bytes, or None (one replica, one partition). ``format`` is the PJRT program format:
+        ``"mlir"`` (the default) or ``"hlo"`` for a serialized HloModuleProto.
+        """
+        ptr = self._check_open()
+        if isinstance(program, str):
+            code = program.encode("utf-8")
+        elif isinstance(program, (bytes, bytearray, memoryview)):
+            code = bytes(program)
+        else:
+            raise TypeError(f"program must be str or bytes, got {type(program).__name__}")
+        if not code:
+            raise ValueError("cannot compile an empty program")
+        if options is None:
+            options = CompileOptions()
+        if isinstance(options, CompileOptions):
+            serialized = options.serialize()
+        elif isinstance(options, (bytes, bytearray, memoryview)):
+            serialized = bytes(options)
+        else:
+            raise TypeError(
+                f"options must be CompileOptions, serialized CompileOptionsProto bytes or None, got "
+                f"{type(options).__name__}"
+            )
+        code_c = ffi.new("char[]", code)
+        format_c = ffi.new("char[]", format.encode("ascii"))
+        options_c = ffi.new("char[]", serialized)
+        prog = new_args("PJRT_Program")
+        prog.code = code_c
+        prog.code_size = len(code)
+        prog.format = format_c
+        prog.format_size = len(format)
+        args = new_args("PJRT_Client_Compile_Args")
+        args.client = ptr
+        args.program = prog
+        args.compile_options = options_c
+        args.compile_options_size = len(serialized)
+        self._lib.call("PJRT_Client_Compile", args)
+        return Executable(self, args.executable)
+
+    def deserialize_executable(self, data: bytes, options: CompileOptions | bytes | None = None) -> Executable:
+        """Load an executable made by :meth:`Executable.serialize` on the same plugin version."""
+        ptr = self._check_open()
+        blob = bytes(data)
+        blob_c = ffi.new("char[]", blob)
+        args = new_args("PJRT_Executable_DeserializeAndLoad_Args")
+        args.client = ptr
+        args.serialized_executable = blob_c
+        args.serialized_executable_size = len(blob)
+        keep = None
+        if options is not None:
+            if not self._lib.supports_field(
+                "PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options"
+            ):
+                raise NotImplementedError(
+                    f"{self._lib.name} (PJRT C API {self._lib.api_version[0]}.{self._lib.api_version[1]}) "
+                    "cannot override compile options when loading; that needs PJRT C API 0.71"
+                )
+            serialized = options.serialize() if isinstance(options, CompileOptions) else bytes(options)
+            keep = ffi.new("char[]", serialized)
+            args.overridden_serialized_compile_options = keep
+            args.overridden_serialized_compile_options_size = len(serialized)
+        self._lib.call("PJRT_Executable_DeserializeAndLoad", args)
+        return Executable(self, args.loaded_executable)
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<pjrt Client {self.plugin_name!r} (closed)>"
+        return f"<pjrt Client {self.plugin_name!r} platform={self.platform_name!r} devices={len(self.devices)}>"
+
+
+def _close_all_clients() -> None:
+    """At interpreter exit, release clients while the plugins' state is still intact."""
+    for client in list(_live_clients):
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001
+            logger.debug("closing a client at exit failed", exc_info=True)
+
+
+atexit.register(_close_all_clients)

@@ -1,0 +1,455 @@
+"""Executable: a compiled program loaded on a client; its facts, serialization and execution.
+
+Execution takes one argument list per device and returns one output list per device. By
+default it waits for every device-complete event and raises the first execution error;
+outputs of a failed execution are released, never leaked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ClientClosedError, PjrtError, UnsupportedFunctionError
+from ._buffer import Buffer
+from ._cdef import ffi
+from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
+from ._library import new_args
+from ._named_values import decode_named_values
+from ._proto import length_delimited_fields, varint_fields
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._client import Client, Device
+
+logger = logging.getLogger(__name__)
+_UNIMPLEMENTED = 12
+_UNKNOWN: Any = object()
+# HloModuleProto.host_program_shape = 4; ProgramShapeProto.parameters = 1;
+# ShapeProto.element_type = 2, ShapeProto.dimensions = 3 (xla/service/hlo.proto, xla_data.proto).
+_HLO_MODULE_PROGRAM_SHAPE = 4
+_PROGRAM_SHAPE_PARAMETERS = 1
+_SHAPE_ELEMENT_TYPE = 2
+_SHAPE_DIMENSIONS = 3
+
+
+def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+    """``[(shape, dtype)]`` of the entry parameters of a serialized HloModuleProto, or None."""
+    shapes = length_delimited_fields(module, _HLO_MODULE_PROGRAM_SHAPE)
+    if len(shapes) != 1:
+        return None
+    params = []
+    for shape in length_delimited_fields(shapes[0], _PROGRAM_SHAPE_PARAMETERS):
+        kinds = varint_fields(shape, _SHAPE_ELEMENT_TYPE)
+        dtype = numpy_dtype_of_xla_primitive(kinds[0]) if len(kinds) == 1 else None
+        if dtype is None:
+            return None
+        params.append((tuple(varint_fields(shape, _SHAPE_DIMENSIONS)), dtype))
+    return params
+
+
+class _ExecuteFrame:
+    """Preallocated C arrays and args for one (devices, arguments) execute shape; reused."""
+
+    __slots__ = ("args", "inner_args", "inner_outputs", "events", "waits", "await_args", "destroy_args", "_keep")
+
+    def __init__(self, loaded: Any, num_devices: int, num_args: int, num_outputs: int) -> None:
+        self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
+        self.inner_outputs = [ffi.new("PJRT_Buffer*[]", max(1, num_outputs)) for _ in range(num_devices)]
+        argument_lists = ffi.new("PJRT_Buffer**[]", self.inner_args)
+        output_lists = ffi.new("PJRT_Buffer**[]", self.inner_outputs)
+        self.events = ffi.new("PJRT_Event*[]", num_devices)
+        self.await_args = new_args("PJRT_Event_Await_Args")
+        self.destroy_args = new_args("PJRT_Event_Destroy_Args")
+        options = new_args("PJRT_ExecuteOptions")
+        args = new_args("PJRT_LoadedExecutable_Execute_Args")
+        args.executable = loaded
+        args.device_complete_events = self.events
+        self.waits = True
+        args.options = options
+        args.argument_lists = argument_lists
+        args.num_devices = num_devices
+        args.num_args = num_args
+        args.output_lists = output_lists
+        self.args = args
+        self._keep = (argument_lists, output_lists, options)
+
+
+class Executable:
+    """A loaded executable. Use it as a context manager or call delete() to free it early."""
+
+    def __init__(self, client: Client, loaded: Any) -> None:
+        self._client = client
+        self._lib = lib = client._lib
+        self._loaded = loaded
+        self._exe: Any = None
+        args = new_args("PJRT_LoadedExecutable_GetExecutable_Args")
+        args.loaded_executable = loaded
+        try:
+            lib.call("PJRT_LoadedExecutable_GetExecutable", args)
+        except BaseException:
+            largs = new_args("PJRT_LoadedExecutable_Destroy_Args")
+            largs.executable = loaded
+            lib.call("PJRT_LoadedExecutable_Destroy", largs)
+            raise
+        self._exe = args.executable
+        # The client's registry owns both handles: whoever pops them (delete or close) frees them.
+        client._live_executables[id(self)] = (self._exe, loaded)
+        self._frames: dict[tuple[int, int], list[_ExecuteFrame]] = {}
+        num = new_args("PJRT_Executable_NumOutputs_Args")
+        num.executable = self._exe
+        lib.call("PJRT_Executable_NumOutputs", num)
+        self.num_outputs = int(num.num_outputs)
+        self._addressable: list[Device] | None = None
+        self._facts: dict[str, Any] = {}
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def _release(self) -> None:
+        entry = self._client._live_executables.pop(id(self), None)  # atomic: one caller wins
+        self._loaded = self._exe = None
+        self._frames = {}
+        if entry is not None:
+            self._client._destroy_executable(entry)
+
+    def delete(self) -> None:
+        """Free the executable now; later use raises ValueError."""
+        self._release()
+
+    @property
+    def is_deleted(self) -> bool:
+        return self._loaded is None or self._client._closed
+
+    def __enter__(self) -> Executable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release()
+
+    def __del__(self) -> None:
+        try:
+            if self._loaded is not None:
+                self._release()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def _handles(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            raise ValueError("this executable has been deleted")
+        if self._client._closed:
+            raise ClientClosedError("this executable's client has been closed")
+        return self._loaded, self._exe
+
+    # -- facts -----------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def _size_fact(self, function: str, field: str) -> int:
+        if field not in self._facts:
+            args = new_args(f"{function}_Args")
+            args.executable = self._handles()[1]
+            self._lib.call(function, args)
+            self._facts[field] = int(getattr(args, field))
+        return self._facts[field]
+
+    @property
+    def name(self) -> str:
+        if "name" not in self._facts:
+            args = new_args("PJRT_Executable_Name_Args")
+            args.executable = self._handles()[1]
+            self._lib.call("PJRT_Executable_Name", args)
+            self._facts["name"] = ffi.unpack(args.executable_name, args.executable_name_size).decode()
+        return self._facts["name"]
+
+    @property
+    def num_replicas(self) -> int:
+        return self._size_fact("PJRT_Executable_NumReplicas", "num_replicas")
+
+    @property
+    def num_partitions(self) -> int:
+        return self._size_fact("PJRT_Executable_NumPartitions", "num_partitions")
+
+    @property
+    def generated_code_size(self) -> int:
+        return self._size_fact("PJRT_Executable_SizeOfGeneratedCodeInBytes", "size_in_bytes")
+
+    @property
+    def output_shapes(self) -> list[tuple[int, ...]]:
+        """The shape of each output (per device)."""
+        if "output_shapes" not in self._facts:
+            args = new_args("PJRT_Executable_OutputDimensions_Args")
+            args.executable = self._handles()[1]
+            self._lib.call("PJRT_Executable_OutputDimensions", args)
+            shapes, start = [], 0
+            for i in range(args.num_outputs):
+                rank = int(args.dim_sizes[i])
+                shapes.append(tuple(int(args.dims[start + j]) for j in range(rank)))
+                start += rank
+            self._facts["output_shapes"] = shapes
+        return list(self._facts["output_shapes"])
+
+    @property
+    def output_dtypes(self) -> list[np.dtype]:
+        """The numpy dtype of each output (per device)."""
+        if "output_dtypes" not in self._facts:
+            args = new_args("PJRT_Executable_OutputElementTypes_Args")
+            args.executable = self._handles()[1]
+            self._lib.call("PJRT_Executable_OutputElementTypes", args)
+            self._facts["output_dtypes"] = [
+                numpy_dtype_of(int(ffi.cast("int", args.output_types[i]))) for i in range(args.num_output_types)
+            ]
+        return list(self._facts["output_dtypes"])
+
+    @property
+    def parameters(self) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+        """``[(shape, dtype)]`` each device's arguments must have, or None if unknown.
+
+        Read once from the optimized program; execute() checks arguments against it, so a
+        buffer of the wrong dtype or shape raises instead of being reinterpreted.
+        """
+        params = self._facts.get("parameters", _UNKNOWN)
+        if params is _UNKNOWN:
+            params = None
+            try:
+                fmt, code = self.optimized_program()
+                if fmt == "hlo_with_config":
+                    modules = length_delimited_fields(code, 1)
+                    fmt, code = ("hlo", modules[0]) if modules else (fmt, code)
+                if fmt == "hlo":
+                    params = _parameters_from_hlo_module(code)
+            except (PjrtError, UnsupportedFunctionError, ValueError, IndexError) as exc:
+                logger.debug("parameter shapes of %r are unknown: %s", self, exc)
+            self._facts["parameters"] = params
+        return None if params is None else list(params)
+
+    @property
+    def output_memory_kinds(self) -> list[str]:
+        args = new_args("PJRT_Executable_OutputMemoryKinds_Args")
+        args.executable = self._handles()[1]
+        self._lib.call("PJRT_Executable_OutputMemoryKinds", args)
+        return [
+            ffi.unpack(args.memory_kinds[i], args.memory_kind_sizes[i]).decode() for i in range(args.num_outputs)
+        ]
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The plugin's fingerprint of this executable, or None where it offers none."""
+        if "fingerprint" not in self._facts:
+            value = None
+            try:
+                args = new_args("PJRT_Executable_Fingerprint_Args")
+                args.executable = self._handles()[1]
+                self._lib.call("PJRT_Executable_Fingerprint", args)
+                if args.executable_fingerprint != ffi.NULL:
+                    raw = ffi.unpack(args.executable_fingerprint, args.executable_fingerprint_size)
+                    value = raw.decode("utf-8", "replace")
+            except UnsupportedFunctionError:
+                value = None
+            except PjrtError as exc:
+                if exc.code != _UNIMPLEMENTED:
+                    raise
+            self._facts["fingerprint"] = value
+        return self._facts["fingerprint"]
+
+    def cost_analysis(self) -> dict[str, Any]:
+        """The plugin's cost properties (flops, bytes accessed, ...), possibly empty."""
+        args = new_args("PJRT_Executable_GetCostAnalysis_Args")
+        args.executable = self._handles()[1]
+        self._lib.call("PJRT_Executable_GetCostAnalysis", args)
+        return decode_named_values(args.properties, args.num_properties)
+
+    @property
+    def addressable_devices(self) -> list[Device]:
+        """The devices this executable runs on, in the order execute() takes argument lists."""
+        if self._addressable is None:
+            args = new_args("PJRT_LoadedExecutable_AddressableDevices_Args")
+            args.executable = self._handles()[0]
+            self._lib.call("PJRT_LoadedExecutable_AddressableDevices", args)
+            self._addressable = [
+                self._client._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
+            ]
+        return list(self._addressable)
+
+    def optimized_program(self) -> tuple[str, bytes]:
+        """``(format, code)`` of the optimized program, e.g. ``"hlo_with_config"`` and its bytes."""
+        program = new_args("PJRT_Program")
+        args = new_args("PJRT_Executable_OptimizedProgram_Args")
+        args.executable = self._handles()[1]
+        args.program = program
+        self._lib.call("PJRT_Executable_OptimizedProgram", args)
+        code = ffi.new("char[]", max(1, int(program.code_size)))
+        program.code = code
+        self._lib.call("PJRT_Executable_OptimizedProgram", args)
+        fmt = ffi.unpack(program.format, program.format_size).decode() if program.format != ffi.NULL else ""
+        return fmt, ffi.unpack(code, program.code_size)
+
+    def optimized_hlo_text(self) -> str:
+        """The optimized HLO as text (needs jaxlib to print the HloModuleProto)."""
+        fmt, code = self.optimized_program()
+        if fmt == "hlo_with_config":  # HloModuleProtoWithConfig: field 1 is the HloModuleProto
+            modules = length_delimited_fields(code, 1)
+            if not modules:
+                raise ValueError("the plugin's hlo_with_config program has no HLO module")
+            fmt, code = "hlo", modules[0]
+        if fmt != "hlo":
+            raise NotImplementedError(f"the plugin returned its optimized program as {fmt!r}, not 'hlo'")
+        try:
+            from jaxlib import xla_client
+        except ImportError:
+            raise NotImplementedError("printing optimized HLO needs jaxlib (pip install jaxlib)") from None
+        return xla_client.XlaComputation(code).as_hlo_text()
+
+    def serialize(self) -> bytes:
+        """Plugin-specific bytes for :meth:`Client.deserialize_executable` (same plugin build)."""
+        args = new_args("PJRT_Executable_Serialize_Args")
+        args.executable = self._handles()[1]
+        self._lib.call("PJRT_Executable_Serialize", args)
+        try:
+            return ffi.unpack(args.serialized_bytes, args.serialized_bytes_size)
+        finally:
+            if args.serialized_executable_deleter != ffi.NULL:
+                args.serialized_executable_deleter(args.serialized_executable)
+
+    # -- execution -------------------------------------------------------------------
+
+    def execute(
+        self,
+        args_per_device: Sequence[Sequence[Buffer]],
+        *,
+        device: Device | int | None = None,
+        wait: bool = True,
+    ) -> list[list[Buffer]]:
+        """Run on each device with its own argument list; returns ``outputs[device][i]``.
+
+        ``args_per_device[d]`` are the arguments for ``addressable_devices[d]``. With
+        ``device`` set, a single argument list runs on that device (where the plugin
+        allows). ``wait=True`` waits for the device-complete events and raises an
+        execution error as PjrtError; with ``wait=False`` errors surface when the outputs
+        are read.
+        """
+        loaded = self._loaded
+        client = self._client
+        if loaded is None or client._closed:
+            self._handles()  # raises the right error
+        if isinstance(args_per_device, Buffer) or (
+            len(args_per_device) and isinstance(args_per_device[0], Buffer)
+        ):
+            raise TypeError(
+                "execute() takes one argument list per device, e.g. exe.execute([[a, b]]) for one device"
+            )
+        num_devices = len(args_per_device)
+        if num_devices == 0:
+            raise ValueError("execute() needs at least one argument list (one per device)")
+        num_args = len(args_per_device[0])
+        key = (num_devices, num_args)
+        pool = self._frames.get(key)
+        if pool is None:
+            pool = self._frames[key] = []
+        frame = pool.pop() if pool else _ExecuteFrame(loaded, num_devices, num_args, self.num_outputs)
+        try:
+            return self._execute(frame, loaded, args_per_device, num_args, device, wait)
+        finally:
+            pool.append(frame)
+
+    def _output_template(self) -> list[tuple[Any, Any, Any]]:
+        """``[(shape, dtype, read plan)]`` given to each new output buffer (None: ask later)."""
+        template = self._facts.get("output_template")
+        if template is None:
+            try:
+                shapes: list[Any] = self.output_shapes
+                dtypes: list[Any] = self.output_dtypes
+            except (PjrtError, UnsupportedFunctionError, NotImplementedError):
+                shapes = dtypes = [None] * self.num_outputs
+            if len(shapes) != self.num_outputs or len(dtypes) != self.num_outputs:
+                shapes = dtypes = [None] * self.num_outputs
+            plans = self._facts.get("output_plans") or [None] * self.num_outputs
+            template = list(zip(shapes, dtypes, plans))
+            if "output_plans" in self._facts:  # complete: cache it
+                self._facts["output_template"] = template
+        return template
+
+    def _checked_parameters(self, num_args: int) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+        params = self._facts.get("parameters", _UNKNOWN)
+        if params is _UNKNOWN:
+            params = self.parameters
+        if params is not None and len(params) != num_args:
+            raise ValueError(f"this program takes {len(params)} argument(s) per device, got {num_args}")
+        return params
+
+    def _execute(
+        self,
+        frame: _ExecuteFrame,
+        loaded: Any,
+        args_per_device: Sequence[Sequence[Buffer]],
+        num_args: int,
+        device: Device | int | None,
+        wait: bool,
+    ) -> list[list[Buffer]]:
+        client = self._client
+        params = self._checked_parameters(num_args)
+        for d, (arg_list, inner) in enumerate(zip(args_per_device, frame.inner_args)):
+            if len(arg_list) != num_args:
+                raise ValueError(
+                    f"every device needs the same number of arguments: device 0 has {num_args}, "
+                    f"device {d} has {len(arg_list)}"
+                )
+            for i, buf in enumerate(arg_list):
+                if type(buf) is not Buffer and not isinstance(buf, Buffer):
+                    raise TypeError(f"argument {i} for device {d} is a {type(buf).__name__}, not a Buffer")
+                if buf._client is not client:
+                    raise ValueError(f"argument {i} for device {d} belongs to another client")
+                ptr = buf._ptr
+                if ptr is None:
+                    raise ValueError(f"argument {i} for device {d} has been deleted")
+                if params is not None:
+                    shape, dtype = params[i]
+                    if (buf._shape or buf.shape) != shape or (buf._dtype or buf.dtype) != dtype:
+                        raise TypeError(
+                            f"argument {i} for device {d} is {buf.dtype}{list(buf.shape)}, but the program "
+                            f"expects {dtype}{list(shape)} there"
+                        )
+                inner[i] = ptr
+        args = frame.args
+        if frame.waits != wait:
+            args.device_complete_events = frame.events if wait else ffi.NULL
+            frame.waits = wait
+        if device is not None:
+            if len(args_per_device) != 1:
+                raise ValueError("execute(device=...) takes exactly one argument list")
+            args.execute_device = client._resolve_device(device)._ptr
+        elif args.execute_device:
+            args.execute_device = ffi.NULL
+        self._lib.call("PJRT_LoadedExecutable_Execute", args)
+        template = self._output_template()
+        outputs = [
+            [Buffer(client, inner[i], shape, dtype, plan, wait) for i, (shape, dtype, plan) in enumerate(template)]
+            for inner in frame.inner_outputs
+        ]
+        if wait:
+            lib = self._lib
+            events = frame.events
+            first_error: PjrtError | None = None
+            for d in range(len(outputs)):
+                try:
+                    lib.await_event(
+                        events[d], "PJRT_LoadedExecutable_Execute", frame.await_args, frame.destroy_args
+                    )
+                except PjrtError as exc:
+                    first_error = first_error or exc
+            if first_error is not None:
+                for row in outputs:
+                    for buf in row:
+                        buf._release()
+                raise first_error
+        if "output_plans" not in self._facts and outputs:  # an output's memory and layout never change
+            self._facts["output_plans"] = [buf.read_plan() for buf in outputs[0]]
+        return outputs
+
+    def __repr__(self) -> str:
+        if self.is_deleted:
+            return "<pjrt Executable (deleted)>"
+        return f"<pjrt Executable {self.name!r} outputs={self.num_outputs}>"

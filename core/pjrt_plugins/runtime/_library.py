@@ -1,0 +1,445 @@
+"""Open a PJRT plugin library once, check its API version, and call its functions safely.
+
+Every call goes through a slot that was checked against the plugin's ``struct_size`` and
+for NULL; every ``PJRT_Error`` becomes a :class:`PjrtError` and is destroyed. A library is
+opened with ``RTLD_NOW | RTLD_NODELETE`` and never closed: closing a plugin under its live
+static state crashes the process at exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
+from ..errors import (
+    ApiVersionError,
+    LibraryLoadError,
+    PjrtError,
+    PluginInitializeTimeoutError,
+    UnsupportedFunctionError,
+)
+from . import _cdef
+from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
+from ._named_values import decode_named_values
+
+logger = logging.getLogger(__name__)
+
+_ELF_MAGIC = b"\x7fELF"
+_MAX_EXTENSIONS = 256
+_load_lock = threading.Lock()
+_libraries: dict[str, Library] = {}
+_ctypes: dict[str, Any] = {}
+
+# Essential functions: without them no error can be read or freed, so such a library is refused.
+_ERROR_FUNCTIONS = ("PJRT_Error_Destroy", "PJRT_Error_Message", "PJRT_Error_GetCode")
+_STRUCT_SIZE_HINT = re.compile(r"Unexpected \S+ size: expected \d+, got \d+")
+
+
+def new_args(struct: str) -> Any:
+    """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE)."""
+    ctype = _ctypes.get(struct)
+    if ctype is None:
+        ctype = _ctypes[struct] = ffi.typeof(struct + "*")
+    args = ffi.new(ctype)
+    args.struct_size = STRUCT_SIZE[struct]
+    return args
+
+
+_scratch = threading.local()
+
+
+def scratch_args(struct: str) -> Any:
+    """A per-thread reusable ``struct*`` for hot-path queries (saves an allocation per call).
+
+    Only for args structs no finalizer uses: a garbage collection between filling the
+    struct and the call may run ``__del__`` of a Buffer on this thread, and that must not
+    refill the same struct. Destroy and event functions therefore use :func:`new_args`.
+    """
+    try:
+        cache = _scratch.cache
+    except AttributeError:
+        cache = _scratch.cache = {}
+    args = cache.get(struct)
+    if args is None:
+        args = cache[struct] = new_args(struct)
+    return args
+
+
+def version_text(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def load_library(path: str | os.PathLike[str]) -> Library:
+    """Open the PJRT plugin at ``path`` (once per resolved path) without initializing it.
+
+    Raises :class:`LibraryLoadError` for a missing file, a file that is not a shared
+    library, or one without ``GetPjrtApi``; :class:`ApiVersionError` for a major version we
+    do not speak or a minor below :data:`MIN_SUPPORTED_MINOR`.
+    """
+    given = Path(os.fspath(path))
+    if not given.exists():
+        raise LibraryLoadError(f"PJRT plugin library {str(given)!r} does not exist")
+    if not given.is_file():
+        raise LibraryLoadError(f"PJRT plugin library {str(given)!r} is not a regular file")
+    resolved = os.path.realpath(given)
+    with _load_lock:
+        library = _libraries.get(resolved)
+        if library is None:
+            library = Library._open(resolved)
+            _libraries[resolved] = library
+        return library
+
+
+def loaded_libraries() -> dict[str, Library]:
+    """Every library opened in this process, by resolved path."""
+    with _load_lock:
+        return dict(_libraries)
+
+
+class Library:
+    """One opened PJRT plugin: its ``PJRT_Api`` table, version, attributes and extensions.
+
+    Get one with :func:`load_library`; do not construct it directly.
+    """
+
+    def __init__(self, path: str, handle: Any, api: Any) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        self._handle = handle  # kept forever: the library is never closed
+        self._api = api
+        self.api_struct_size = int(api.struct_size)
+        self.api_version: tuple[int, int] = (
+            int(api.pjrt_api_version.major_version),
+            int(api.pjrt_api_version.minor_version),
+        )
+        self._fns: dict[str, Any] = {}
+        self._init_lock = threading.Lock()
+        self._init_done = threading.Event()
+        self._init_thread: threading.Thread | None = None
+        self._init_outcome: BaseException | None = None
+        self._initialized = False
+        self._attributes: dict[str, Any] | None = None
+        self._error_message = self._error_get_code = self._error_destroy = None
+
+    # -- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def _open(cls, path: str) -> Library:
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise LibraryLoadError(f"cannot read PJRT plugin library {path!r}: {exc}") from exc
+        if magic != _ELF_MAGIC:
+            raise LibraryLoadError(
+                f"{path!r} is not a shared library (it does not start with the ELF magic bytes; "
+                f"found {magic!r}). Point the plugin at its .so file."
+            )
+        try:
+            handle = ffi.dlopen(path, ffi.RTLD_NOW | ffi.RTLD_LOCAL | ffi.RTLD_NODELETE)
+        except OSError as exc:
+            raise LibraryLoadError(f"cannot open PJRT plugin library {path!r}: {exc}") from exc
+        try:
+            get_api = handle.GetPjrtApi
+        except AttributeError:
+            raise LibraryLoadError(
+                f"{path!r} does not export GetPjrtApi, so it is not a PJRT plugin library"
+            ) from None
+        api = get_api()
+        if api == ffi.NULL:
+            raise LibraryLoadError(f"GetPjrtApi() in {path!r} returned NULL")
+        size = int(api.struct_size)
+        header = ffi.offsetof("PJRT_Api", "PJRT_Error_Destroy")
+        if size < header:
+            raise LibraryLoadError(
+                f"{path!r} reports a PJRT_Api of {size} bytes, smaller than its {header}-byte header; "
+                "it is not a PJRT plugin we can talk to"
+            )
+        library = cls(path, handle, api)
+        library._check_version()
+        for name in _ERROR_FUNCTIONS:
+            try:
+                library._fn(name)
+            except UnsupportedFunctionError as exc:
+                raise LibraryLoadError(f"{path!r} cannot report errors: {exc}") from None
+        library._error_message = library._fn("PJRT_Error_Message")
+        library._error_get_code = library._fn("PJRT_Error_GetCode")
+        library._error_destroy = library._fn("PJRT_Error_Destroy")
+        logger.debug(
+            "opened PJRT plugin %s (API %s, %d-byte table)", path, version_text(library.api_version), size
+        )
+        return library
+
+    def _check_version(self) -> None:
+        major, minor = self.api_version
+        supported = f"0.{MIN_SUPPORTED_MINOR} and newer (laid out as 0.{HEADER_MINOR})"
+        if major != API_MAJOR:
+            raise ApiVersionError(
+                f"{self.path!r} speaks PJRT C API {major}.{minor}, but pjrt-plugins speaks major "
+                f"version {API_MAJOR} ({supported}). A major version is an ABI break: install a "
+                "plugin built for PJRT C API 0.x or a pjrt-plugins release that speaks "
+                f"{major}.x."
+            )
+        if minor < MIN_SUPPORTED_MINOR:
+            raise ApiVersionError(
+                f"{self.path!r} speaks PJRT C API {major}.{minor}, older than 0.{MIN_SUPPORTED_MINOR}, "
+                f"the oldest pjrt-plugins supports: PJRT 0.{MIN_SUPPORTED_MINOR} rearranged the "
+                "function table of PJRT_Api, so an older plugin's functions sit at other positions "
+                "and calling them would crash. Install a newer build of the plugin."
+            )
+        if minor > HEADER_MINOR:
+            logger.info(
+                "%s speaks PJRT C API %d.%d, newer than the 0.%d layout pjrt-plugins knows; "
+                "functions and fields added since are not used",
+                self.path,
+                major,
+                minor,
+                HEADER_MINOR,
+            )
+
+    # -- slots -----------------------------------------------------------------------
+
+    def has_function(self, name: str) -> bool:
+        """Whether the plugin provides C API function ``name`` (in range and non-NULL)."""
+        try:
+            self._fn(name)
+        except UnsupportedFunctionError:
+            return False
+        return True
+
+    def function(self, name: str) -> Any:
+        """The cffi function pointer ``name``, checked against struct_size and for NULL.
+
+        Raises :class:`UnsupportedFunctionError` (naming the function, the plugin's version
+        and the version that added it) when the plugin does not provide it.
+        """
+        return self._fn(name)
+
+    def _fn(self, name: str) -> Any:
+        fn = self._fns.get(name)
+        if fn is not None:
+            return fn
+        slot = _cdef.SLOTS_BY_NAME.get(name)
+        if slot is None:
+            raise KeyError(f"{name!r} is not a PJRT C API function known to pjrt-plugins")
+        end = _cdef.slot_end(name)
+        if end > self.api_struct_size:
+            raise self._unsupported(
+                name, f"its PJRT_Api table has {self.api_struct_size} bytes and this slot needs {end}"
+            )
+        fn = getattr(self._api, name)
+        if fn == ffi.NULL:
+            raise self._unsupported(name, "the plugin leaves this function unset (NULL)")
+        self._fns[name] = fn
+        return fn
+
+    def _unsupported(self, name: str, reason: str) -> UnsupportedFunctionError:
+        slot = _cdef.SLOTS_BY_NAME[name]
+        if name in _cdef.ADDED_BY_AT_LATEST:
+            added = f"added by PJRT C API 0.{slot.added}"
+        elif slot.added <= MIN_SUPPORTED_MINOR:
+            added = f"part of every PJRT C API since before 0.{MIN_SUPPORTED_MINOR}"
+        else:
+            added = f"added in PJRT C API 0.{slot.added}"
+        have = version_text(self.api_version)
+        advice = (
+            "upgrade the plugin" if self.api_version[1] < slot.added else "the plugin does not implement it"
+        )
+        error = UnsupportedFunctionError(
+            f"{name} is not available in {self.name} (PJRT C API {have}): {reason}. "
+            f"{name} was {added}; {advice}."
+        )
+        error.function = name
+        error.plugin_version = self.api_version
+        error.added_in = (API_MAJOR, slot.added)
+        return error
+
+    def supports_field(self, struct: str, field: str) -> bool:
+        """Whether a plugin of this version knows ``struct.field`` (appended fields)."""
+        added = _cdef.FIELDS_ADDED.get((struct, field))
+        return added is None or self.api_version[1] >= added
+
+    # -- calls and errors ------------------------------------------------------------
+
+    def call(self, name: str, args: Any) -> None:
+        """Call ``name(args)``; a returned PJRT_Error is destroyed and raised as PjrtError."""
+        err = (self._fns.get(name) or self._fn(name))(args)
+        if err:
+            raise self.error_to_exception(err, name)
+
+    def error_to_exception(self, err: Any, function: str | None = None) -> PjrtError:
+        """Read a PJRT_Error's code and message, destroy it, and return the exception."""
+        code, message = 2, "(the plugin gave no message)"
+        try:
+            margs = new_args("PJRT_Error_Message_Args")
+            margs.error = err
+            self._error_message(margs)
+            if margs.message != ffi.NULL:
+                message = ffi.unpack(margs.message, margs.message_size).decode("utf-8", "replace")
+            cargs = new_args("PJRT_Error_GetCode_Args")
+            cargs.error = err
+            code_err = self._error_get_code(cargs)
+            if code_err:
+                self._destroy_error(code_err)
+            else:
+                code = int(cargs.code)
+        finally:
+            self._destroy_error(err)
+        hint = None
+        if _STRUCT_SIZE_HINT.search(message):
+            hint = (
+                f"the plugin ({self.name}, PJRT C API {version_text(self.api_version)}) expects a newer "
+                f"args struct than pjrt-plugins' 0.{HEADER_MINOR} layout; upgrade pjrt-plugins or use "
+                "a plugin build for an older PJRT C API."
+            )
+        return PjrtError(code, message, function=function, hint=hint)
+
+    def _destroy_error(self, err: Any) -> None:
+        dargs = new_args("PJRT_Error_Destroy_Args")
+        dargs.error = err
+        self._error_destroy(dargs)
+
+    # -- events ----------------------------------------------------------------------
+
+    def await_event(self, event: Any, function: str, args: Any = None, destroy_args: Any = None) -> None:
+        """Block (GIL released) until ``event`` is ready, destroy it, raise its error if any.
+
+        ``args``/``destroy_args``: Await and Destroy args structs the caller owns exclusively
+        (reused on hot paths); fresh ones otherwise.
+        """
+        if event == ffi.NULL:
+            return
+        if args is None:
+            args = new_args("PJRT_Event_Await_Args")
+        args.event = event
+        try:
+            err = (self._fns.get("PJRT_Event_Await") or self._fn("PJRT_Event_Await"))(args)
+        finally:
+            if destroy_args is None:
+                self.destroy_event(event)
+            else:
+                destroy_args.event = event
+                self.call("PJRT_Event_Destroy", destroy_args)
+        if err:
+            raise self.error_to_exception(err, function)
+
+    def event_is_ready(self, event: Any) -> bool:
+        args = new_args("PJRT_Event_IsReady_Args")
+        args.event = event
+        self.call("PJRT_Event_IsReady", args)
+        return bool(args.is_ready)
+
+    def event_error(self, event: Any, function: str) -> PjrtError | None:
+        """The error a ready event carries (its PJRT_Error destroyed), or None."""
+        args = new_args("PJRT_Event_Error_Args")
+        args.event = event
+        err = self._fn("PJRT_Event_Error")(args)
+        return self.error_to_exception(err, function) if err else None
+
+    def destroy_event(self, event: Any) -> None:
+        args = new_args("PJRT_Event_Destroy_Args")
+        args.event = event
+        self.call("PJRT_Event_Destroy", args)
+
+    # -- initialize and attributes ---------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        return self._initialized
+
+    def initialize(self, timeout: float | None = None) -> None:
+        """Run ``PJRT_Plugin_Initialize`` once per library, waiting at most ``timeout`` s.
+
+        The call runs in a daemon thread: if it does not return in time,
+        :class:`PluginInitializeTimeoutError` is raised and the thread is left behind (a
+        plugin cannot be interrupted). A later call waits for that same first attempt.
+        """
+        if self._initialized:
+            return
+        if timeout is None:
+            timeout = DEFAULT_INITIALIZE_TIMEOUT_S
+        with self._init_lock:
+            if self._init_thread is None:
+                self._init_thread = threading.Thread(
+                    target=self._run_initialize, name=f"pjrt-initialize:{self.name}", daemon=True
+                )
+                self._init_thread.start()
+        if not self._init_done.wait(timeout):
+            raise PluginInitializeTimeoutError(
+                f"PJRT_Plugin_Initialize in {self.name} did not return within {timeout:g} s. The "
+                "plugin may be waiting for hardware or a service that is not there; check that the "
+                "device is present, or raise the plugin's initialize timeout."
+            )
+        if self._init_outcome is not None:
+            raise self._init_outcome
+        self._initialized = True
+
+    def _run_initialize(self) -> None:
+        try:
+            if not self.has_function("PJRT_Plugin_Initialize"):
+                logger.debug("%s has no PJRT_Plugin_Initialize; nothing to run", self.name)
+            else:
+                self.call("PJRT_Plugin_Initialize", new_args("PJRT_Plugin_Initialize_Args"))
+        except BaseException as exc:  # handed to the waiting thread, never lost
+            self._init_outcome = exc
+        finally:
+            self._init_done.set()
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The plugin's attributes (``xla_version``, ``stablehlo_current_version``, ...).
+
+        Initializes the library first. Lists come back as tuples.
+        """
+        if self._attributes is None:
+            self.initialize()
+            if not self.has_function("PJRT_Plugin_Attributes"):
+                self._attributes = {}
+            else:
+                args = new_args("PJRT_Plugin_Attributes_Args")
+                self.call("PJRT_Plugin_Attributes", args)
+                self._attributes = decode_named_values(args.attributes, args.num_attributes)
+        return dict(self._attributes)
+
+    # -- extensions ------------------------------------------------------------------
+
+    @property
+    def extensions(self) -> list[tuple[int, str]]:
+        """``[(type id, name)]`` of the plugin's extension chain (bounded, cycle-safe)."""
+        return [(kind, name) for kind, name, _ in self._walk_extensions()]
+
+    def _walk_extensions(self) -> Iterator[tuple[int, str, Any]]:
+        base_size = STRUCT_SIZE["PJRT_Extension_Base"]
+        seen: set[int] = set()
+        node = self._api.extension_start
+        while node != ffi.NULL:
+            address = int(ffi.cast("uintptr_t", node))
+            if address in seen:
+                logger.warning("%s: the extension chain loops back to %#x; stopped there", self.name, address)
+                return
+            if len(seen) >= _MAX_EXTENSIONS:
+                logger.warning("%s: more than %d extensions; stopped there", self.name, _MAX_EXTENSIONS)
+                return
+            seen.add(address)
+            size = int(node.struct_size)
+            if size < base_size:
+                logger.warning(
+                    "%s: extension at %#x reports struct_size %d (< %d); stopped there",
+                    self.name,
+                    address,
+                    size,
+                    base_size,
+                )
+                return
+            kind = int(ffi.cast("int", node.type))
+            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}"), node
+            node = node.next
+
+    def __repr__(self) -> str:
+        return f"<pjrt Library {self.path!r} API {version_text(self.api_version)}>"

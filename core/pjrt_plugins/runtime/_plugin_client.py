@@ -1,0 +1,79 @@
+"""create_client_for_plugin: the one path from a DevicePlugin's hooks to a live Client.
+
+Order matters and is the contract vendors rely on: configure the process, run the
+preflight (which may refuse before any hardware is touched), find and open the library,
+initialize it within the plugin's timeout, then create the client with validated options.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PjrtError
+from ..options import validate_options
+from ._client import Client
+from ._library import load_library
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .._plugin import DevicePlugin
+
+logger = logging.getLogger(__name__)
+
+
+def create_client_for_plugin(
+    plugin: DevicePlugin,
+    options: Mapping[str, Any] | None = None,
+    *,
+    configure: bool = True,
+    kv_store: Any = None,
+) -> Client:
+    """Create a :class:`Client` on ``plugin``'s library, honouring every hook.
+
+    ``options`` are laid over ``plugin.client_create_options()`` and the result is
+    checked against ``plugin.option_schema()`` before ``PJRT_Client_Create``.
+    """
+    name = plugin.name or type(plugin).__name__
+    if configure:
+        world = plugin.local_world_size()
+        if world > 1:
+            rank = plugin.local_process_rank()
+            logger.debug("configuring plugin %s for local rank %d of %d", name, rank, world)
+            plugin.configure_multiprocess(rank, world)
+        else:
+            plugin.configure_single_process()
+    plugin.preflight()
+    library = load_library(plugin.library_path())
+    library.initialize(timeout=plugin.initialize_timeout())
+    merged = dict(plugin.client_create_options())
+    if options:
+        merged.update(options)
+    if kv_store is None and plugin.requires_coordinator() and plugin.local_world_size() > 1:
+        logger.warning(
+            "plugin %s needs a key-value store shared by its processes but none was given; "
+            "use pjrt_plugins.distributed to create the client",
+            name,
+        )
+    schema = plugin.option_schema()
+    validate_options(merged, schema, plugin=f"plugin {name!r}")  # types first: the values hook reads typed values
+    plugin.hook.pjrt_check_client_options(options=dict(merged))
+    try:
+        return Client(library, merged, schema=schema, kv_store=kv_store, plugin_name=name)
+    except PjrtError as error:
+        raise _with_plugin_hint(error, plugin) from None
+
+
+def _with_plugin_hint(error: PjrtError, plugin: DevicePlugin) -> PjrtError:
+    """The error with the plugin's own explanation (its ``unavailable_reason``) as the hint.
+
+    The library says what failed ("No visible GPU devices."); the plugin knows
+    what to do about it ("check nvidia-smi and CUDA_VISIBLE_DEVICES ...").
+    """
+    if error.hint is not None:
+        return error
+    reason = plugin.unavailable_reason()  # cheap, and never raises
+    if not reason:
+        return error
+    hinted = PjrtError(error.code, error.message, function=error.function, hint=reason)
+    return hinted.with_traceback(error.__traceback__)

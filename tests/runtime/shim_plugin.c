@@ -1,0 +1,187 @@
+/* A PJRT plugin for tests: it forwards to a real plugin and misbehaves on request.
+ *
+ * Built by tests/runtime/conftest.py with gcc against the pjrt_c_api.h that the CPU plugin
+ * wheel installs. Each -D switch selects one misbehaviour, so the runtime's loader, slot
+ * gating, initialize timeout, extension walk and KV-store callbacks meet a real C library:
+ *
+ *   SHIM_TARGET="path"     the real plugin to forward to (required)
+ *   SHIM_MAJOR / SHIM_MINOR   report this API version instead of the real one
+ *   SHIM_SLOTS=n           shrink PJRT_Api.struct_size to n function slots
+ *   SHIM_NULL_SLOT=name    leave that function NULL
+ *   SHIM_NULL_API          GetPjrtApi returns NULL
+ *   SHIM_INIT_SLEEP_MS=n   PJRT_Plugin_Initialize sleeps n ms first
+ *   SHIM_EXT_CYCLE         an extension chain A -> B -> A
+ *   SHIM_EXT_BAD_SIZE      an extension whose struct_size is too small
+ *   SHIM_KV                PJRT_Client_Create exercises the KV-store callbacks first and
+ *                          records what happened in shim_report()
+ *   SHIM_NOT_ON_CPU        PJRT_Buffer_IsOnCpu answers false (buffers look like device memory)
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pjrt_c_api.h"
+
+static PJRT_Api shim_api;
+static const PJRT_Api* real_api;
+static char report[8192];
+
+const char* shim_report(void) { return report; }
+
+static void note(const char* fmt, const char* a, size_t n) {
+  size_t used = strlen(report);
+  if (used + n + 64 >= sizeof(report)) return;
+  snprintf(report + used, sizeof(report) - used, fmt, (int)n, a);
+}
+
+#ifdef SHIM_INIT_SLEEP_MS
+static PJRT_Error* shim_initialize(PJRT_Plugin_Initialize_Args* args) {
+  struct timespec ts = {SHIM_INIT_SLEEP_MS / 1000, (SHIM_INIT_SLEEP_MS % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  return real_api->PJRT_Plugin_Initialize(args);
+}
+#endif
+
+#ifdef SHIM_NOT_ON_CPU
+static PJRT_Error* shim_is_on_cpu(PJRT_Buffer_IsOnCpu_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Buffer_IsOnCpu(args);
+  args->is_on_cpu = false;
+  return error;
+}
+#endif
+
+#ifdef SHIM_EXT_CYCLE
+static PJRT_Extension_Base ext_a, ext_b;
+#endif
+#ifdef SHIM_EXT_BAD_SIZE
+static PJRT_Extension_Base ext_bad;
+#endif
+
+#ifdef SHIM_KV
+/* The plugin side of PJRT_CallbackError: record the error, hand back a token. */
+static int error_token;
+static PJRT_Error* shim_callback_error(PJRT_Error_Code code, const char* message, size_t size) {
+  char prefix[32];
+  snprintf(prefix, sizeof(prefix), "error%d=", (int)code);
+  note("%.*s", prefix, strlen(prefix));
+  note("%.*s;", message, size);
+  return (PJRT_Error*)&error_token;
+}
+static PJRT_CallbackError callback_error = shim_callback_error;
+
+static void kv_put(PJRT_Client_Create_Args* create, const char* key, const char* value) {
+  PJRT_KeyValuePutCallback_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = PJRT_KeyValuePutCallback_Args_STRUCT_SIZE;
+  args.key = key;
+  args.key_size = strlen(key);
+  args.value = value;
+  args.value_size = strlen(value);
+  args.callback_error = &callback_error;
+  args.user_arg = create->kv_put_user_arg;
+  PJRT_Error* err = create->kv_put_callback(&args);
+  note("put=%.*s;", err ? "error" : "ok", err ? 5 : 2);
+}
+
+static void kv_get(PJRT_Client_Create_Args* create, const char* key, int timeout_ms) {
+  PJRT_KeyValueGetCallback_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = PJRT_KeyValueGetCallback_Args_STRUCT_SIZE;
+  args.key = key;
+  args.key_size = strlen(key);
+  args.timeout_in_ms = timeout_ms;
+  args.callback_error = &callback_error;
+  args.user_arg = create->kv_get_user_arg;
+  PJRT_Error* err = create->kv_get_callback(&args);
+  if (err) return; /* recorded by shim_callback_error */
+  note("get=%.*s;", args.value, args.value_size);
+  if (args.value_deleter_callback) args.value_deleter_callback(args.value);
+  else note("%.*s", "nodeleter;", 10);
+}
+
+static void kv_try_get(PJRT_Client_Create_Args* create, const char* key) {
+  PJRT_KeyValueTryGetCallback_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = PJRT_KeyValueTryGetCallback_Args_STRUCT_SIZE;
+  args.key = key;
+  args.key_size = strlen(key);
+  args.callback_error = &callback_error;
+  args.user_arg = create->kv_try_get_user_arg;
+  PJRT_Error* err = create->kv_try_get_callback(&args);
+  if (err) return;
+  note("try_get=%.*s;", args.value, args.value_size);
+  if (args.value_deleter_callback) args.value_deleter_callback(args.value);
+}
+
+static PJRT_Error* shim_client_create(PJRT_Client_Create_Args* args) {
+  report[0] = '\0';
+  if (args->kv_put_callback && args->kv_get_callback) {
+    kv_put(args, "shim/key", "hello");
+    kv_get(args, "shim/key", 1000);
+    kv_get(args, "shim/missing", 10);
+    kv_put(args, "shim/boom", "x");
+    if (args->kv_try_get_callback) {
+      kv_try_get(args, "shim/key");
+      kv_try_get(args, "shim/missing");
+    } else {
+      note("%.*s", "no_try_get;", 11);
+    }
+  } else {
+    note("%.*s", "no_kv;", 6);
+  }
+  return real_api->PJRT_Client_Create(args);
+}
+#endif
+
+const PJRT_Api* GetPjrtApi(void) {
+#ifdef SHIM_NULL_API
+  return NULL;
+#endif
+  if (real_api) return &shim_api;
+  void* handle = dlopen(SHIM_TARGET, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!handle) return NULL;
+  const PJRT_Api* (*get)(void) = (const PJRT_Api* (*)(void))dlsym(handle, "GetPjrtApi");
+  if (!get) return NULL;
+  real_api = get();
+  size_t size = real_api->struct_size < sizeof(shim_api) ? real_api->struct_size : sizeof(shim_api);
+  memcpy(&shim_api, real_api, size);
+#ifdef SHIM_MAJOR
+  shim_api.pjrt_api_version.major_version = SHIM_MAJOR;
+#endif
+#ifdef SHIM_MINOR
+  shim_api.pjrt_api_version.minor_version = SHIM_MINOR;
+#endif
+#ifdef SHIM_SLOTS
+  shim_api.struct_size = offsetof(PJRT_Api, PJRT_Error_Destroy) + sizeof(void*) * (SHIM_SLOTS);
+#endif
+#ifdef SHIM_NULL_SLOT
+  shim_api.SHIM_NULL_SLOT = NULL;
+#endif
+#ifdef SHIM_INIT_SLEEP_MS
+  shim_api.PJRT_Plugin_Initialize = shim_initialize;
+#endif
+#ifdef SHIM_EXT_CYCLE
+  ext_a.struct_size = sizeof(PJRT_Extension_Base);
+  ext_a.type = PJRT_Extension_Type_Example;
+  ext_a.next = &ext_b;
+  ext_b.struct_size = sizeof(PJRT_Extension_Base);
+  ext_b.type = PJRT_Extension_Type_Profiler;
+  ext_b.next = &ext_a;
+  shim_api.extension_start = &ext_a;
+#endif
+#ifdef SHIM_EXT_BAD_SIZE
+  ext_bad.struct_size = 8;
+  ext_bad.type = PJRT_Extension_Type_Example;
+  ext_bad.next = NULL;
+  shim_api.extension_start = &ext_bad;
+#endif
+#ifdef SHIM_KV
+  shim_api.PJRT_Client_Create = shim_client_create;
+#endif
+#ifdef SHIM_NOT_ON_CPU
+  shim_api.PJRT_Buffer_IsOnCpu = shim_is_on_cpu;
+#endif
+  return &shim_api;
+}

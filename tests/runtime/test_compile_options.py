@@ -1,0 +1,96 @@
+"""Our hand-encoded CompileOptionsProto, read back by jaxlib's own parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from pjrt_plugins.runtime import CompileOptions
+from pjrt_plugins.runtime._proto import length_delimited_fields, varint, varint_fields
+
+xla_client = pytest.importorskip("jaxlib.xla_client")
+
+
+def parse(options: CompileOptions):
+    return xla_client.CompileOptions.ParseFromString(options.serialize())
+
+
+def test_defaults():
+    parsed = parse(CompileOptions())
+    assert (parsed.num_replicas, parsed.num_partitions) == (1, 1)
+    assert not parsed.executable_build_options.use_spmd_partitioning
+    assert not parsed.compile_portable_executable
+
+
+@pytest.mark.parametrize("replicas, partitions, spmd", [(1, 8, True), (4, 1, False), (2, 4, True), (3, 5, False)])
+def test_replicas_partitions_spmd(replicas, partitions, spmd):
+    parsed = parse(CompileOptions(num_replicas=replicas, num_partitions=partitions, use_spmd_partitioning=spmd))
+    assert (parsed.num_replicas, parsed.num_partitions) == (replicas, partitions)
+    assert parsed.executable_build_options.use_spmd_partitioning is spmd
+
+
+def test_device_assignment_is_replica_by_partition():
+    grid = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    parsed = parse(CompileOptions(num_replicas=2, num_partitions=4, device_assignment=grid))
+    assignment = parsed.device_assignment
+    assert (assignment.replica_count(), assignment.computation_count()) == (2, 4)
+    # jaxlib builds the same proto from the same [replica][partition] grid.
+    reference = xla_client.CompileOptions()
+    reference.num_replicas, reference.num_partitions = 2, 4
+    import numpy as np
+
+    reference.device_assignment = xla_client.DeviceAssignment.create(np.array(grid))
+    expected = xla_client.CompileOptions.ParseFromString(reference.SerializeAsString()).device_assignment
+    assert str(assignment) == str(expected)
+
+
+def test_portable_executable_flag():
+    assert parse(CompileOptions(compile_portable_executable=True)).compile_portable_executable
+
+
+def test_device_ordinal_is_minus_one_as_int64():
+    data = CompileOptions().serialize()
+    [build] = length_delimited_fields(data, 3)
+    assert varint_fields(build, 1) == [(1 << 64) - 1]  # -1, two's complement
+    assert varint(-1) == b"\xff" * 9 + b"\x01"
+    assert len(CompileOptions(num_partitions=8, use_spmd_partitioning=True).serialize()) == 19
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"num_replicas": 0}, ValueError),
+        ({"num_partitions": True}, ValueError),
+        ({"num_partitions": 2, "device_assignment": [[0]]}, ValueError),
+        ({"num_replicas": 2, "device_assignment": [[0], [0]]}, ValueError),
+        ({"device_assignment": [[-1]]}, ValueError),
+        ({"device_assignment": [5]}, TypeError),
+    ],
+)
+def test_invalid_options(kwargs, error):
+    with pytest.raises(error):
+        CompileOptions(**kwargs)
+
+
+def test_options_are_frozen_and_hashable():
+    options = CompileOptions(num_partitions=2, device_assignment=[[3, 1]])
+    assert options.device_assignment == ((3, 1),)
+    assert hash(options) == hash(CompileOptions(num_partitions=2, device_assignment=[(3, 1)]))
+    with pytest.raises(AttributeError):
+        options.num_partitions = 4  # type: ignore[misc]
+
+
+def test_sharding_propagation_flags():
+    parsed = parse(
+        CompileOptions(
+            num_partitions=2,
+            use_spmd_partitioning=True,
+            allow_spmd_sharding_propagation_to_output=True,
+            allow_spmd_sharding_propagation_to_parameters=[False, True],
+        )
+    )
+    build = parsed.executable_build_options
+    assert list(build.allow_spmd_sharding_propagation_to_output) == [True]
+    assert list(build.allow_spmd_sharding_propagation_to_parameters) == [False, True]
+    assert list(parse(CompileOptions()).executable_build_options.allow_spmd_sharding_propagation_to_output) == []
+    with pytest.raises(TypeError):
+        CompileOptions(allow_spmd_sharding_propagation_to_output=[1])  # type: ignore[list-item]

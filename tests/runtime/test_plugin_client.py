@@ -1,0 +1,126 @@
+"""create_client_for_plugin: the hooks are honoured in order, on the real CPU plugin library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from runtime_support import CPU_OPTION_SCHEMA
+
+import pjrt_plugins
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
+from pjrt_plugins.runtime import Client, PluginInitializeTimeoutError, create_client_for_plugin
+
+
+class RecordingCpuPlugin(DevicePlugin):
+    """A CPU backend defined in the test: real library, real hooks, and a log of hook calls."""
+
+    def __init__(self, library: str, *, refuse: bool = False, timeout: float | None = None) -> None:
+        super().__init__()
+        self.name = "recording-cpu"
+        self.library = library
+        self.refuse = refuse
+        self.timeout = timeout
+        self.log: list[Any] = []
+
+    @hookimpl
+    def pjrt_library_path(self) -> str:
+        self.log.append("library_path")
+        return self.library
+
+    @hookimpl
+    def pjrt_client_option_schema(self) -> dict[str, Any]:
+        return dict(CPU_OPTION_SCHEMA)
+
+    @hookimpl
+    def pjrt_client_create_options(self) -> dict[str, Any]:
+        self.log.append("create_options")
+        return {"cpu_device_count": 2}
+
+    @hookimpl
+    def pjrt_configure_single_process(self) -> None:
+        self.log.append("single")
+
+    @hookimpl
+    def pjrt_configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
+        self.log.append(("multi", local_rank, local_world_size))
+
+    @hookimpl
+    def pjrt_preflight(self) -> None:
+        self.log.append("preflight")
+        if self.refuse:
+            raise PluginUnavailableError("no recording-cpu hardware here; install it")
+
+    @hookimpl
+    def pjrt_initialize_timeout(self) -> float | None:
+        return self.timeout
+
+
+def test_hooks_run_in_order_and_options_merge(cpu_library_path):
+    plugin = RecordingCpuPlugin(str(cpu_library_path))
+    with create_client_for_plugin(plugin) as client:
+        assert isinstance(client, Client) and len(client.devices) == 2  # the plugin's own options
+        assert client.plugin_name == "recording-cpu"
+    assert plugin.log == ["single", "preflight", "library_path", "create_options"]
+    with create_client_for_plugin(plugin, {"cpu_device_count": 5}) as client:
+        assert len(client.devices) == 5  # the caller's options are laid over the plugin's
+
+
+def test_device_plugin_create_client_goes_through_the_runtime(cpu_library_path):
+    plugin = RecordingCpuPlugin(str(cpu_library_path))
+    with plugin.create_client({"cpu_device_count": 3}) as client:
+        assert len(client.devices) == 3
+
+
+def test_multiprocess_configuration_under_torchrun(cpu_library_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    plugin = RecordingCpuPlugin(str(cpu_library_path))
+    with create_client_for_plugin(plugin):
+        pass
+    assert plugin.log[0] == ("multi", 1, 4)
+
+
+def test_configure_false_skips_the_configure_hooks(cpu_library_path):
+    plugin = RecordingCpuPlugin(str(cpu_library_path))
+    with create_client_for_plugin(plugin, configure=False):
+        pass
+    assert "single" not in plugin.log and plugin.log[0] == "preflight"
+
+
+def test_preflight_refusal_stops_before_the_library_is_touched(cpu_library_path):
+    plugin = RecordingCpuPlugin(str(cpu_library_path), refuse=True)
+    with pytest.raises(PluginUnavailableError, match="no recording-cpu hardware"):
+        create_client_for_plugin(plugin)
+    assert "library_path" not in plugin.log
+
+
+def test_options_are_validated_against_the_plugin_schema(cpu_library_path):
+    plugin = RecordingCpuPlugin(str(cpu_library_path))
+    with pytest.raises(ValueError, match="Known options: cpu_device_count"):
+        create_client_for_plugin(plugin, {"devices": 4})
+    with pytest.raises(TypeError):
+        create_client_for_plugin(plugin, {"cpu_device_count": "4"})
+
+
+def test_the_plugin_initialize_timeout_bounds_initialization(build_shim):
+    plugin = RecordingCpuPlugin(str(build_shim(SHIM_INIT_SLEEP_MS=1200)), timeout=0.1)
+    with pytest.raises(PluginInitializeTimeoutError):
+        create_client_for_plugin(plugin)
+
+
+def test_missing_library_is_reported_by_the_plugin(tmp_path):
+    plugin = RecordingCpuPlugin(str(tmp_path / "missing.so"))
+    with pytest.raises(PluginUnavailableError, match="does not exist"):
+        create_client_for_plugin(plugin)
+
+
+def test_registered_cpu_backend_if_installed():
+    try:
+        plugin = pjrt_plugins.get_plugin("cpu")
+    except (AttributeError, LookupError):
+        pytest.skip("the pjrt-plugin-cpu backend is not installed")
+    if not plugin.is_available():
+        pytest.skip(f"the cpu backend is unavailable here: {plugin.unavailable_reason()}")
+    with plugin.create_client({"cpu_device_count": 2}) as client:
+        assert client.platform_name == "cpu" and len(client.devices) == 2
