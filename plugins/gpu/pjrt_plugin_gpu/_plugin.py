@@ -1,0 +1,219 @@
+"""The GPU backend: finds the CUDA PJRT library of the jax-cuda PJRT wheels and maps torchrun's ranks to options.
+
+Never imports ``jax_plugins.xla_cuda13`` (its ``__init__`` imports jax) and never
+opens the library: the path comes from installed-package metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
+from pjrt_plugins._defaults import env_int
+
+from ._devices import installed_gpu_count, visible_gpu_count
+
+logger = logging.getLogger(__name__)
+
+#: Overrides the library found in the jax-cuda PJRT distributions.
+LIBRARY_PATH_ENV = "PJRT_GPU_LIBRARY_PATH"
+#: PyTorch/XLA's explicit chip count; when set, /proc and /dev are not consulted.
+NUM_DEVICES_ENV = "GPU_NUM_DEVICES"
+#: PyTorch/XLA's allocator settings, mapped to the create options of the same meaning.
+ALLOCATOR_CUDA_ASYNC_ENV = "PJRT_ALLOCATOR_CUDA_ASYNC"
+ALLOCATOR_FRACTION_ENV = "PJRT_ALLOCATOR_FRACTION"
+ALLOCATOR_PREALLOCATE_ENV = "PJRT_ALLOCATOR_PREALLOCATE"
+#: Tried in order: (distribution, library file inside it).
+LIBRARY_DISTRIBUTIONS = (
+    ("jax-cuda13-pjrt", "jax_plugins/xla_cuda13/xla_cuda_plugin.so"),
+    ("jax-cuda12-pjrt", "jax_plugins/xla_cuda12/xla_cuda_plugin.so"),
+)
+
+#: Every create option the XLA GPU plugin accepts, with its type (checked against
+#: jax-cuda13-pjrt 0.12: it validates names and types itself before looking for a
+#: GPU). Checking here too gives the error in Python, with the list of known names.
+#: Older library builds reject the newer names with "Unexpected option name".
+OPTION_SCHEMA: dict[str, Any] = {
+    "platform_name": str,
+    "allocator": str,  # "default", "platform", "bfc", "cuda_async", "vmm", "address"
+    "memory_fraction": float,
+    "memory_fraction_policy": str,  # "0.75", "0.75+" or "0.75-0.85"
+    "preallocate": bool,
+    "collective_memory_size": int,
+    "visible_devices": list[int],
+    "node_id": int,
+    "num_nodes": int,
+    "enable_mock_nccl": bool,
+    "mock_gpu_topology": str,
+    "should_stage_host_to_device_transfers": bool,
+    "abort_collectives_on_failure": bool,
+    "abort_collectives_timeout": str,  # a duration such as "30s"
+    "use_tfrt_gpu_client": bool,
+    "max_inflight_computations": int,
+}
+
+NO_GPU_HINT = (
+    "No NVIDIA GPU is visible to this process. Check `nvidia-smi`, that the NVIDIA driver is loaded, "
+    "and CUDA_VISIBLE_DEVICES; to run on the CPU instead, install pjrt-plugin-cpu and select 'cpu' "
+    "(PJRT_DEVICE=CPU)."
+)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def env_bool(name: str) -> bool | None:
+    """A boolean environment variable (1/0, true/false, yes/no, on/off), or ``None`` if unset."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={os.environ[name]!r} must be a boolean (1/0, true/false)")
+
+
+def env_fraction(name: str) -> float | None:
+    """A memory fraction in (0, 1] from the environment, or ``None`` if unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be a number in (0, 1]") from None
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"environment variable {name}={raw!r} must be a number in (0, 1]")
+    return value
+
+
+def installed_library(distributions: tuple[tuple[str, str], ...] = LIBRARY_DISTRIBUTIONS) -> Path | None:
+    """The CUDA PJRT library from the first installed jax-cuda PJRT distribution, or ``None``."""
+    for distribution, relative in distributions:
+        try:
+            dist = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        path = Path(str(dist.locate_file(relative))).absolute()
+        if path.is_file():
+            return path
+        logger.warning("%s is installed but %s is missing from it", distribution, relative)
+    return None
+
+
+def library_problem() -> str | None:
+    """Why no usable CUDA PJRT library can be found, with the fix, or ``None``. Cheap."""
+    override = os.environ.get(LIBRARY_PATH_ENV)
+    if override:
+        if not Path(override).expanduser().is_file():
+            return (
+                f"{LIBRARY_PATH_ENV}={override!r} does not name an existing file; point it at a CUDA "
+                "PJRT plugin library (xla_cuda_plugin.so) or unset it to use the installed jax-cuda wheel"
+            )
+        return None
+    if installed_library() is None:
+        return (
+            "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
+            f"run `pip install jax-cuda13-pjrt` (or `pip install 'pjrt-plugin-gpu[cuda12]'`) or set {LIBRARY_PATH_ENV}"
+        )
+    return None
+
+
+def gpu_count() -> int:
+    """GPUs this process may use: ``GPU_NUM_DEVICES``, else the driver's GPUs filtered by CUDA_VISIBLE_DEVICES."""
+    explicit = env_int(NUM_DEVICES_ENV, default=-1)
+    if explicit >= 0:
+        return explicit
+    return visible_gpu_count(installed_gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+class GpuPlugin(DevicePlugin):
+    """NVIDIA GPUs through the XLA CUDA PJRT plugin (from jax-cuda13-pjrt or jax-cuda12-pjrt).
+
+    Under torchrun each process sees one GPU (``visible_devices=[local_rank]``)
+    and the processes find each other through the key-value store, so a
+    coordinator is required when the world size is above 1.
+    """
+
+    # -- ranks (torchrun's RANK / WORLD_SIZE / GROUP_RANK over the local values) --
+
+    def global_rank(self) -> int:
+        return env_int("RANK", default=self.local_process_rank())
+
+    def global_world_size(self) -> int:
+        return env_int("WORLD_SIZE", default=self.local_world_size())
+
+    # -- hooks ---------------------------------------------------------------------
+
+    @hookimpl
+    def pjrt_library_path(self) -> str | None:
+        override = os.environ.get(LIBRARY_PATH_ENV)
+        if override:
+            return str(Path(override).expanduser().absolute())
+        path = installed_library()
+        return str(path) if path is not None else None
+
+    @hookimpl
+    def pjrt_client_option_schema(self) -> dict[str, Any]:
+        return dict(OPTION_SCHEMA)
+
+    @hookimpl
+    def pjrt_client_create_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "allocator": "cuda_async" if env_bool(ALLOCATOR_CUDA_ASYNC_ENV) else "default",
+            "node_id": self.global_rank(),
+            "num_nodes": self.global_world_size(),
+        }
+        fraction = env_fraction(ALLOCATOR_FRACTION_ENV)
+        if fraction is not None:
+            options["memory_fraction"] = fraction
+        preallocate = env_bool(ALLOCATOR_PREALLOCATE_ENV)
+        if preallocate is not None:
+            options["preallocate"] = preallocate
+        if self.local_world_size() > 1:
+            # One GPU per process; never leave every process on device 0.
+            options["visible_devices"] = [self.local_process_rank()]
+        return options
+
+    @hookimpl
+    def pjrt_requires_coordinator(self) -> bool:
+        return self.global_world_size() > 1
+
+    @hookimpl
+    def pjrt_host_index(self) -> int:
+        local = max(self.local_world_size(), 1)
+        return env_int("GROUP_RANK", default=self.global_rank() // local)
+
+    @hookimpl
+    def pjrt_rng_default(self) -> str:
+        return "three_fry"
+
+    @hookimpl
+    def pjrt_physical_chip_count(self) -> int:
+        return gpu_count()
+
+    @hookimpl
+    def pjrt_priority(self) -> int:
+        return 200
+
+    @hookimpl
+    def pjrt_unavailable_reason(self) -> str | None:
+        problem = library_problem()
+        if problem is not None:
+            return problem
+        if gpu_count() == 0:
+            return NO_GPU_HINT
+        return None
+
+    @hookimpl
+    def pjrt_preflight(self) -> None:
+        # No GPU is not refused here: the library reports it itself within a
+        # second ("No visible GPU devices."), and only it knows for sure.
+        problem = library_problem()
+        if problem is not None:
+            raise PluginUnavailableError(f"plugin 'gpu': {problem}")

@@ -1,0 +1,339 @@
+"""End to end: build every package's wheel, pip-install them into a new virtual environment, use them there.
+
+Offline and quick: third-party dependencies (numpy, the vendor libraries, ...) are
+not downloaded but linked in from the running environment; our own packages come
+only from the freshly built wheels.
+"""
+
+from __future__ import annotations
+
+import email
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+#: distribution -> source directory (the stub is included once its package exists).
+PROJECTS = {
+    "pjrt-plugins": REPO,
+    "pjrt-plugin-cpu": REPO / "plugins" / "cpu",
+    "pjrt-plugin-gpu": REPO / "plugins" / "gpu",
+    "pjrt-plugin-tpu": REPO / "plugins" / "tpu",
+    "pjrt-plugin-stub-neuron": REPO / "plugins" / "stub_neuron",
+}
+BACKENDS = {"cpu", "gpu", "tpu", "stub_neuron"}
+#: Never copied into a build: outputs of earlier builds, caches, compiled objects.
+BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o", ".pytest_cache")
+#: Variables that must not leak from the developer's shell into the new environment.
+LEAKY_ENV_PREFIXES = ("PJRT_", "TPU_", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "CUDA_VISIBLE_DEVICES", "NEURON",
+                      "XLA_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                      "RANK", "WORLD_SIZE", "GROUP_RANK")
+
+SPMD_PROGRAM = """
+module @square_and_sum attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"})
+      -> (tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
+    %sq = stablehlo.multiply %x, %x : tensor<16xf32>
+    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %sum = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<16xf32>, tensor<f32>) -> tensor<f32>
+    return %sq, %sum : tensor<16xf32>, tensor<f32>
+  }
+}
+"""
+
+
+@dataclass
+class FreshVenv:
+    root: Path
+    python: Path
+    wheels: dict[str, Path]  # distribution -> wheel file
+    workdir: Path
+
+    def run(
+        self, code: str, env: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a snippet with the new environment's interpreter, from a directory outside the repo."""
+        return self.run_args(["-c", textwrap.dedent(code)], env=env, timeout=timeout)
+
+    def run_args(
+        self, args: list[str], env: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.python), *args],
+            cwd=self.workdir,
+            env=_clean_environment(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The running interpreter's pip, acting on the new environment (it has no pip of its own)."""
+        command = [sys.executable, "-m", "pip", "--python", str(self.python), "--disable-pip-version-check"]
+        command += ["--no-input", *args]
+        env = _clean_environment({"PIP_CONFIG_FILE": os.devnull})
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+        return result
+
+
+def _clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_ENV_PREFIXES)}
+    env.update(extra or {})
+    return env
+
+
+# -- building ----------------------------------------------------------------------------------
+
+
+def _copy_sources(distribution: str, source: Path, destination: Path) -> Path:
+    """Copy one project's sources (never its build outputs) so builds leave the shared tree alone."""
+    if source == REPO:  # the core project: its top-level files and core/, not the whole repository
+        destination.mkdir(parents=True)
+        for item in source.iterdir():
+            if item.is_file() and not item.name.startswith("."):
+                shutil.copy2(item, destination / item.name)
+        shutil.copytree(source / "core", destination / "core", ignore=BUILD_LEFTOVERS)
+    else:
+        shutil.copytree(source, destination, ignore=BUILD_LEFTOVERS)
+    return destination
+
+
+def _build_wheels(workdir: Path) -> dict[str, Path]:
+    """One wheel per project, built without isolation (offline) from a copy of its sources."""
+    out = workdir / "wheels"
+    builds = {}
+    for distribution, source in PROJECTS.items():
+        if not (source / "pyproject.toml").is_file():
+            continue  # a backend that has not been written yet
+        tree = _copy_sources(distribution, source, workdir / "src" / distribution)
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                   "--disable-pip-version-check", "-q", "--wheel-dir", str(out), str(tree)]
+        builds[distribution] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for distribution, process in builds.items():
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, f"building the {distribution} wheel failed:\n{output}"
+    wheels = {}
+    for wheel in out.glob("*.whl"):
+        wheels[canonicalize_name(wheel.name.split("-")[0])] = wheel
+    assert set(wheels) == set(builds), f"expected wheels for {sorted(builds)}, got {sorted(wheels)}"
+    return wheels
+
+
+# -- third-party dependencies, linked in rather than downloaded -------------------------------------
+
+
+def _wheel_requirements(wheel: Path) -> list[Requirement]:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.message_from_bytes(archive.read(name))
+    return [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
+
+
+def _applies(requirement: Requirement) -> bool:
+    """True for requirements of a plain install here (markers true, no extras)."""
+    if requirement.marker is None:
+        return True
+    return requirement.marker.evaluate({**default_environment(), "extra": ""})
+
+
+def _third_party_closure(roots: Iterable[str]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions ``roots`` need, with their own dependencies."""
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    pending = list(roots)
+    while pending:
+        name = canonicalize_name(pending.pop())
+        if name in seen:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.fail(f"{name} is not installed in the test environment; the e2e test links it from there (offline)")
+        seen[name] = dist
+        pending.extend(r.name for r in map(Requirement, dist.requires or []) if _applies(r))
+    return list(seen.values())
+
+
+def _link_third_party(wheels: dict[str, Path], site: Path, target_site_packages: Path) -> list[str]:
+    """Make the wheels' third-party dependencies importable in the new venv through one .pth file.
+
+    Only those distributions' own top-level files are linked (into ``site``), so
+    nothing of ours leaks in from the running environment.
+    """
+    ours = set(wheels)
+    roots = {canonicalize_name(r.name) for w in wheels.values() for r in _wheel_requirements(w) if _applies(r)} - ours
+    site.mkdir()
+    linked = []
+    for dist in _third_party_closure(roots):
+        assert dist.files, f"{dist.metadata['Name']} has no RECORD; cannot tell its files"
+        top_level = {Path(str(f)).parts[0] for f in dist.files if not str(f).startswith("..")}
+        for entry in sorted(top_level - {"__pycache__"}):
+            source = Path(str(dist.locate_file(entry)))
+            if source.exists() and not (site / entry).exists():
+                (site / entry).symlink_to(source)
+        linked.append(canonicalize_name(dist.metadata["Name"]))
+    (target_site_packages / "_e2e_third_party.pth").write_text(f"{site}\n")
+    return sorted(linked)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
+    workdir = tmp_path_factory.mktemp("e2e")
+    wheels = _build_wheels(workdir)
+    root = workdir / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    python = root / "bin" / "python"
+    site_packages = Path(
+        subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                       check=True, capture_output=True, text=True).stdout.strip()
+    )
+    _link_third_party(wheels, workdir / "third_party", site_packages)
+    fresh = FreshVenv(root, python, wheels, workdir)
+    # No --no-deps: pip must find every declared dependency (ours in the wheels, the rest linked in).
+    fresh.pip("install", "--no-index", "--find-links", str(workdir / "wheels"), *map(str, wheels.values()))
+    return fresh
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+def test_our_packages_come_from_the_wheels_not_the_repository(venv):
+    assert "pjrt-plugin-stub-neuron" in venv.wheels, "plugins/stub_neuron is part of the end-to-end install"
+    result = venv.run(
+        """
+        import importlib.metadata, json
+        import pjrt_plugins, pjrt_plugin_cpu, pjrt_plugin_gpu, pjrt_plugin_tpu, pjrt_plugin_stub_neuron
+        mods = [pjrt_plugins, pjrt_plugin_cpu, pjrt_plugin_gpu, pjrt_plugin_tpu, pjrt_plugin_stub_neuron]
+        print(json.dumps([m.__file__ for m in mods]))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    for module_file in eval(result.stdout):
+        assert Path(module_file).is_relative_to(venv.root), module_file
+
+
+def test_import_registers_the_four_backends(venv):
+    result = venv.run(
+        """
+        import pjrt_plugins
+        print(sorted(pjrt_plugins.registered_plugins()))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+    assert set(eval(result.stdout)) == BACKENDS
+
+
+def _listed_names(listing: str) -> set[str]:
+    """The first word of every line of ``python -m pjrt_plugins list`` (the table's name column and more)."""
+    return {line.split()[0] for line in listing.splitlines() if line.strip()}
+
+
+def test_cli_lists_the_four_backends(venv):
+    result = venv.run_args(["-m", "pjrt_plugins", "list"])
+    assert result.returncode == 0, result.stderr
+    assert BACKENDS <= _listed_names(result.stdout), result.stdout
+
+
+def test_cpu_runs_a_program_on_eight_devices(venv):
+    result = venv.run(
+        f"""
+        import numpy as np
+        import pjrt_plugins
+        from pjrt_plugins.runtime import CompileOptions
+        x = np.arange(16, dtype=np.float32)
+        with pjrt_plugins.create_client("cpu") as client:
+            assert len(client.devices) == 8, client.devices
+            exe = client.compile({SPMD_PROGRAM!r}, CompileOptions(num_partitions=8, use_spmd_partitioning=True))
+            devices = exe.addressable_devices
+            args = [[client.buffer_from_host(x[2 * i:2 * i + 2], device=d)] for i, d in enumerate(devices)]
+            outs = exe.execute(args)
+            squares = np.concatenate([o[0].to_numpy() for o in outs])
+            sums = sorted({{float(o[1].to_numpy()) for o in outs}})
+        assert (squares == x * x).all(), squares
+        print("devices=8 sums=", sums)
+        """,
+        env={"CPU_NUM_DEVICES": "8"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "devices=8 sums= [120.0]" in result.stdout
+
+
+def test_stub_creates_a_client_with_n_devices_and_round_trips_a_buffer(venv):
+    result = venv.run(
+        """
+        import numpy as np
+        import pjrt_plugins
+        data = np.arange(12, dtype=np.float32).reshape(3, 4)
+        with pjrt_plugins.create_client("stub_neuron", {"num_devices": 3}) as client:
+            print("platform", client.platform_name, "devices", len(client.devices))
+            back = client.buffer_from_host(data, device=client.devices[2]).to_numpy()
+        print("round trip", back.dtype, back.shape, bool((back == data).all()))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "platform neuron devices 3" in result.stdout
+    assert "round trip float32 (3, 4) True" in result.stdout
+
+
+def test_tpu_fails_fast_with_a_clear_message(venv):
+    from pjrt_plugin_tpu import count_tpu_chips
+
+    if count_tpu_chips() > 0:
+        pytest.skip("this host has TPU chips; the test proves the no-TPU path")
+    result = venv.run(
+        """
+        import pjrt_plugins
+        try:
+            pjrt_plugins.create_client("tpu")
+        except pjrt_plugins.PluginUnavailableError as exc:
+            print("PluginUnavailableError:", exc)
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PluginUnavailableError:" in result.stdout and "no TPU chips found" in result.stdout
+
+
+def test_gpu_fails_fast_with_the_plugins_reason(venv):
+    result = venv.run(
+        """
+        import pjrt_plugins
+        try:
+            pjrt_plugins.create_client("gpu")
+        except pjrt_plugins.PjrtError as exc:
+            print("PjrtError:", exc)
+        """,
+        env={"CUDA_VISIBLE_DEVICES": ""},  # hides every GPU, so the no-GPU path runs on any host
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PjrtError:" in result.stdout and "No visible GPU devices." in result.stdout
+
+
+def test_uninstalling_a_backend_removes_it_from_the_list(venv):
+    venv.pip("uninstall", "--yes", "pjrt-plugin-tpu")
+    try:
+        listing = venv.run_args(["-m", "pjrt_plugins", "list"])
+        registered = venv.run("import pjrt_plugins; print(sorted(pjrt_plugins.registered_plugins()))")
+        assert listing.returncode == 0 and registered.returncode == 0, listing.stderr + registered.stderr
+        assert set(eval(registered.stdout)) == BACKENDS - {"tpu"}
+        names = _listed_names(listing.stdout)
+        assert "tpu" not in names and BACKENDS - {"tpu"} <= names, listing.stdout
+    finally:
+        venv.pip("install", "--no-index", "--no-deps", str(venv.wheels["pjrt-plugin-tpu"]))
+

@@ -1,0 +1,195 @@
+"""The cpu backend: library lookup, CPU_NUM_DEVICES, the option schema, and real programs on 8 devices."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pjrt_plugins
+from pjrt_plugins import OptionType, PluginUnavailableError
+from pjrt_plugins.options import validate_options
+from pjrt_plugin_cpu import CpuPlugin
+
+ADD_PROGRAM = """
+module @add {
+  func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.add %a, %b : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}
+"""
+
+# Squares a 16-vector split over 8 devices and sums it across them (the partitioner adds the all-reduce).
+SPMD_PROGRAM = """
+module @square_and_sum attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"})
+      -> (tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
+    %sq = stablehlo.multiply %x, %x : tensor<16xf32>
+    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %sum = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<16xf32>, tensor<f32>) -> tensor<f32>
+    return %sq, %sum : tensor<16xf32>, tensor<f32>
+  }
+}
+"""
+
+
+@pytest.fixture
+def cpu() -> CpuPlugin:
+    return CpuPlugin()
+
+
+def test_entry_point_registers_cpu_plugin_class():
+    eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="torch_xla.plugins")}
+    assert eps.get("cpu") == "pjrt_plugin_cpu:CpuPlugin"
+    assert isinstance(pjrt_plugins.get_plugin("cpu"), CpuPlugin)
+
+
+def test_library_is_found_inside_installed_xla_cpu_pjrt(cpu):
+    dist = importlib.metadata.distribution("xla-cpu-pjrt")
+    expected = Path(str(dist.locate_file("xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"))).absolute()
+    assert Path(cpu.library_path()) == expected
+    assert expected.is_file()
+    assert cpu.unavailable_reason() is None
+    assert cpu.is_available()
+
+
+def test_asking_the_plugin_never_opens_the_library(run_python):
+    result = run_python(
+        """
+        import pjrt_plugins
+        cpu = pjrt_plugins.get_plugin("cpu")
+        path = cpu.library_path()
+        cpu.unavailable_reason(); cpu.physical_chip_count(); cpu.client_create_options(); cpu.preflight()
+        with open("/proc/self/maps") as maps:
+            print("mapped:", path in maps.read())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "mapped: False"
+
+
+def test_library_path_env_overrides_installed_library(cpu, monkeypatch, tmp_path):
+    other = tmp_path / "newer_cpu_plugin.so"
+    other.write_bytes(b"")
+    monkeypatch.setenv("PJRT_CPU_LIBRARY_PATH", str(other))
+    assert cpu.library_path() == str(other)
+    assert cpu.unavailable_reason() is None
+
+
+def test_library_path_env_naming_missing_file_makes_plugin_unavailable(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("PJRT_CPU_LIBRARY_PATH", str(tmp_path / "missing.so"))
+    reason = cpu.unavailable_reason()
+    assert reason is not None and "PJRT_CPU_LIBRARY_PATH" in reason
+    with pytest.raises(PluginUnavailableError, match="PJRT_CPU_LIBRARY_PATH"):
+        cpu.preflight()
+    with pytest.raises(PluginUnavailableError):
+        cpu.library_path()
+
+
+def test_device_count_defaults_to_one(cpu):
+    assert cpu.client_create_options() == {"cpu_device_count": 1}
+    assert cpu.physical_chip_count() == 1
+
+
+def test_cpu_num_devices_sets_device_option_and_chip_count(cpu, monkeypatch):
+    monkeypatch.setenv("CPU_NUM_DEVICES", "8")
+    assert cpu.client_create_options() == {"cpu_device_count": 8}
+    assert cpu.physical_chip_count() == 8
+
+
+@pytest.mark.parametrize("value", ["eight", "0", "-2", "1.5", "1025"])
+def test_malformed_cpu_num_devices_raises_naming_the_variable(cpu, monkeypatch, value):
+    monkeypatch.setenv("CPU_NUM_DEVICES", value)
+    with pytest.raises(ValueError, match="CPU_NUM_DEVICES"):
+        cpu.client_create_options()
+    with pytest.raises(ValueError, match="CPU_NUM_DEVICES"):
+        cpu.preflight()
+    assert "CPU_NUM_DEVICES" in (cpu.unavailable_reason() or "")
+
+
+def test_other_hooks_keep_core_defaults(cpu):
+    assert cpu.priority() == 0
+    assert cpu.rng_default() == "default"
+    assert cpu.dense_gather_factor() == 0
+    assert cpu.host_index() == 0
+    assert cpu.requires_xla_coordinator() is False
+
+
+def test_option_schema_is_cpu_device_count_int64(cpu):
+    assert cpu.option_schema() == {"cpu_device_count": OptionType.INT64}
+
+
+def test_schema_refuses_mistyped_and_unknown_options(cpu):
+    schema = cpu.option_schema()
+    with pytest.raises(TypeError, match="cpu_device_count"):
+        validate_options({"cpu_device_count": "8"}, schema, plugin="cpu")
+    with pytest.raises(TypeError, match="cpu_device_count"):
+        validate_options({"cpu_device_count": 8.0}, schema, plugin="cpu")
+    with pytest.raises(ValueError, match="Did you mean 'cpu_device_count'"):
+        validate_options({"cpu_devices_count": 8}, schema, plugin="cpu")
+
+
+def test_mistyped_option_never_reaches_the_library(run_python):
+    # This build aborts the process on a string for an int: prove the client raises instead.
+    result = run_python(
+        """
+        import pjrt_plugins
+        try:
+            pjrt_plugins.get_plugin("cpu").create_client({"cpu_device_count": "8"})
+        except TypeError as exc:
+            print("TypeError:", exc)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "TypeError:" in result.stdout and "cpu_device_count" in result.stdout
+
+
+@pytest.mark.parametrize("count", [0, -1, 100_000])
+def test_device_counts_the_library_mishandles_are_refused_before_the_call(cpu, count):
+    # The library itself makes a client with no devices for 0 or -1 and never finishes for 100000.
+    with pytest.raises(ValueError, match="cpu_device_count"):
+        cpu.create_client({"cpu_device_count": count})
+
+
+def test_default_client_has_one_cpu_device(cpu):
+    with cpu.create_client() as client:
+        assert len(client.devices) == 1
+        assert client.platform_name == "cpu"
+
+
+def test_add_program_runs_on_cpu(cpu):
+    with cpu.create_client() as client:
+        executable = client.compile(ADD_PROGRAM)
+        a = client.buffer_from_host(np.arange(4, dtype=np.float32))
+        b = client.buffer_from_host(np.full(4, 10, dtype=np.float32))
+        [[out]] = executable.execute([[a, b]])
+        np.testing.assert_array_equal(out.to_numpy(), np.arange(4, dtype=np.float32) + 10)
+
+
+def test_eight_device_client_runs_spmd_program(cpu, monkeypatch):
+    from pjrt_plugins.runtime import CompileOptions
+
+    monkeypatch.setenv("CPU_NUM_DEVICES", "8")
+    x = np.arange(16, dtype=np.float32)
+    with cpu.create_client() as client:
+        assert len(client.devices) == 8
+        assert len({d.id for d in client.devices}) == 8
+        executable = client.compile(SPMD_PROGRAM, CompileOptions(num_partitions=8, use_spmd_partitioning=True))
+        devices = executable.addressable_devices
+        assert len(devices) == 8
+        shards = [[client.buffer_from_host(x[2 * i : 2 * i + 2], device=d)] for i, d in enumerate(devices)]
+        outputs = executable.execute(shards)
+        assert len(outputs) == 8
+        squares = np.concatenate([outs[0].to_numpy() for outs in outputs])
+        np.testing.assert_array_equal(squares, x * x)
+        for outs in outputs:  # every device holds the all-reduced sum
+            assert float(outs[1].to_numpy()) == float(x.sum())
+
+
+def test_caller_options_override_cpu_num_devices(cpu, monkeypatch):
+    monkeypatch.setenv("CPU_NUM_DEVICES", "8")
+    with cpu.create_client({"cpu_device_count": 2}) as client:
+        assert len(client.devices) == 2
