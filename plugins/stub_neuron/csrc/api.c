@@ -1,0 +1,307 @@
+/* The PJRT_Api table, errors, events and plugin setup of the stub_neuron plugin.
+ *
+ * GetPjrtApi is the library's only PJRT export. Slots the stub does not
+ * implement stay NULL, so a loader must gate every call on them.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stub_neuron.h"
+
+/* ------------------------------ bookkeeping ------------------------------ */
+
+static atomic_long live_objects; /* clients + buffers + events + errors */
+static atomic_bool initialized;
+
+void* stub_alloc(size_t size) {
+  void* p = calloc(1, size);
+  if (p != NULL) atomic_fetch_add(&live_objects, 1);
+  return p;
+}
+
+void stub_free(void* p) {
+  if (p == NULL) return;
+  atomic_fetch_sub(&live_objects, 1);
+  free(p);
+}
+
+bool stub_is_initialized(void) { return atomic_load(&initialized); }
+
+/* Not part of PJRT: how many heap objects the plugin holds right now. The
+ * tests use it to prove that destroying what was created frees everything. */
+STUB_EXPORT int64_t StubNeuron_LiveObjectCount(void) { return (int64_t)atomic_load(&live_objects); }
+
+/* --------------------------------- errors -------------------------------- */
+
+static PJRT_Error out_of_memory_error = {
+    .magic = STUB_MAGIC_ERROR,
+    .is_static = true,
+    .code = PJRT_Error_Code_RESOURCE_EXHAUSTED,
+    .message = "stub_neuron: out of host memory",
+    .message_size = sizeof("stub_neuron: out of host memory") - 1,
+};
+
+static PJRT_Error* error_from_text(PJRT_Error_Code code, const char* text, size_t size) {
+  PJRT_Error* error = stub_alloc(sizeof(PJRT_Error) + size + 1);
+  if (error == NULL) return &out_of_memory_error;
+  char* message = (char*)(error + 1);
+  if (size > 0) memcpy(message, text, size);
+  message[size] = '\0';
+  error->magic = STUB_MAGIC_ERROR;
+  error->code = code;
+  error->message = message;
+  error->message_size = size;
+  return error;
+}
+
+PJRT_Error* stub_error(PJRT_Error_Code code, const char* format, ...) {
+  char text[1024];
+  va_list ap;
+  va_start(ap, format);
+  int n = vsnprintf(text, sizeof(text), format, ap);
+  va_end(ap);
+  if (n < 0) n = 0;
+  if ((size_t)n >= sizeof(text)) n = sizeof(text) - 1; /* truncated, still useful */
+  return error_from_text(code, text, (size_t)n);
+}
+
+bool stub_is_error(const PJRT_Error* error) { return error != NULL && error->magic == STUB_MAGIC_ERROR; }
+
+PJRT_Error* stub_error_copy(const PJRT_Error* error) {
+  if (!stub_is_error(error)) return NULL;
+  return error_from_text(error->code, error->message, error->message_size);
+}
+
+void stub_error_free(PJRT_Error* error) {
+  if (!stub_is_error(error) || error->is_static) return;
+  error->magic = STUB_MAGIC_DEAD;
+  stub_free(error);
+}
+
+PJRT_Error* stub_check_struct(const void* args, size_t struct_size, size_t needed, const char* name) {
+  if (args == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s is NULL", name);
+  if (struct_size < needed) {
+    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
+                      "Unexpected %s size: expected at least %zu, got %zu (the caller was built "
+                      "against an older PJRT C API header)",
+                      name, needed, struct_size);
+  }
+  return NULL;
+}
+
+static PJRT_Error* callback_error_impl(PJRT_Error_Code code, const char* message, size_t message_size) {
+  if (message == NULL) message_size = 0;
+  return error_from_text(code, message ? message : "", message_size);
+}
+
+/* The KV callback args take a pointer to this function pointer. */
+PJRT_CallbackError stub_callback_error = callback_error_impl;
+
+static void StubError_Destroy(PJRT_Error_Destroy_Args* args) {
+  if (args == NULL || args->struct_size < PJRT_Error_Destroy_Args_STRUCT_SIZE) return;
+  stub_error_free(args->error);
+}
+
+static void StubError_Message(PJRT_Error_Message_Args* args) {
+  if (args == NULL || args->struct_size < PJRT_Error_Message_Args_STRUCT_SIZE) return;
+  if (!stub_is_error(args->error)) {
+    args->message = "";
+    args->message_size = 0;
+    return;
+  }
+  args->message = args->error->message;
+  args->message_size = args->error->message_size;
+}
+
+static PJRT_Error* StubError_GetCode(PJRT_Error_GetCode_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Error_GetCode_Args);
+  if (!stub_is_error(args->error)) {
+    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
+                      "PJRT_Error_GetCode: the error is NULL or was not created by stub_neuron");
+  }
+  args->code = args->error->code;
+  return NULL;
+}
+
+/* --------------------------------- events -------------------------------- */
+
+/* Everything the stub does is synchronous, so every event is born ready. */
+PJRT_Event* stub_event_ready(PJRT_Error* error) {
+  PJRT_Event* event = stub_alloc(sizeof(PJRT_Event));
+  if (event == NULL) {
+    stub_error_free(error);
+    return NULL;
+  }
+  event->magic = STUB_MAGIC_EVENT;
+  event->error = error;
+  return event;
+}
+
+static PJRT_Error* check_event(const PJRT_Event* event, const char* function) {
+  if (event == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: event is NULL", function);
+  if (event->magic != STUB_MAGIC_EVENT) {
+    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
+                      "%s: not a stub_neuron event (a wrong or destroyed pointer)", function);
+  }
+  return NULL;
+}
+
+static PJRT_Error* StubEvent_Destroy(PJRT_Event_Destroy_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Event_Destroy_Args);
+  if (args->event == NULL) return NULL;
+  PJRT_Error* error = check_event(args->event, "PJRT_Event_Destroy");
+  if (error != NULL) return error;
+  stub_error_free(args->event->error);
+  args->event->magic = STUB_MAGIC_DEAD;
+  stub_free(args->event);
+  return NULL;
+}
+
+static PJRT_Error* StubEvent_IsReady(PJRT_Event_IsReady_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Event_IsReady_Args);
+  PJRT_Error* error = check_event(args->event, "PJRT_Event_IsReady");
+  if (error != NULL) return error;
+  args->is_ready = true;
+  return NULL;
+}
+
+static PJRT_Error* StubEvent_Error(PJRT_Event_Error_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Event_Error_Args);
+  PJRT_Error* error = check_event(args->event, "PJRT_Event_Error");
+  if (error != NULL) return error;
+  return stub_error_copy(args->event->error); /* each call returns its own copy */
+}
+
+static PJRT_Error* StubEvent_Await(PJRT_Event_Await_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Event_Await_Args);
+  PJRT_Error* error = check_event(args->event, "PJRT_Event_Await");
+  if (error != NULL) return error;
+  return stub_error_copy(args->event->error);
+}
+
+static PJRT_Error* StubEvent_OnReady(PJRT_Event_OnReady_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Event_OnReady_Args);
+  PJRT_Error* error = check_event(args->event, "PJRT_Event_OnReady");
+  if (error != NULL) return error;
+  if (args->callback == NULL) {
+    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "PJRT_Event_OnReady: callback is NULL");
+  }
+  /* Already ready: run the callback now, on the caller's thread. It owns the error. */
+  args->callback(stub_error_copy(args->event->error), args->user_arg);
+  return NULL;
+}
+
+/* --------------------------------- plugin -------------------------------- */
+
+#define STUB_STRING_ATTRIBUTE(key, text)                                                  \
+  {                                                                                       \
+    .struct_size = PJRT_NamedValue_STRUCT_SIZE, .name = key, .name_size = sizeof(key) - 1, \
+    .type = PJRT_NamedValue_kString, .string_value = text, .value_size = sizeof(text) - 1, \
+  }
+#define STUB_INT_ATTRIBUTE(key, number)                                                   \
+  {                                                                                       \
+    .struct_size = PJRT_NamedValue_STRUCT_SIZE, .name = key, .name_size = sizeof(key) - 1, \
+    .type = PJRT_NamedValue_kInt64, .int64_value = number, .value_size = 1,               \
+  }
+#define STUB_BOOL_ATTRIBUTE(key, flag)                                                    \
+  {                                                                                       \
+    .struct_size = PJRT_NamedValue_STRUCT_SIZE, .name = key, .name_size = sizeof(key) - 1, \
+    .type = PJRT_NamedValue_kBool, .bool_value = flag, .value_size = 1,                   \
+  }
+
+static const PJRT_NamedValue plugin_attributes[] = {
+    STUB_STRING_ATTRIBUTE("stub_neuron_version", STUB_NEURON_VERSION),
+    STUB_INT_ATTRIBUTE("pjrt_c_api_major_version", PJRT_API_MAJOR),
+    STUB_INT_ATTRIBUTE("pjrt_c_api_minor_version", PJRT_API_MINOR),
+    STUB_BOOL_ATTRIBUTE("supports_compile", false),
+};
+
+static PJRT_Error* StubPlugin_Initialize(PJRT_Plugin_Initialize_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Plugin_Initialize_Args);
+  /* A real plugin opens its driver here. Calling it twice is harmless. */
+  atomic_store(&initialized, true);
+  return NULL;
+}
+
+static PJRT_Error* StubPlugin_Attributes(PJRT_Plugin_Attributes_Args* args) {
+  STUB_CHECK_ARGS(args, PJRT_Plugin_Attributes_Args);
+  args->attributes = plugin_attributes;
+  args->num_attributes = sizeof(plugin_attributes) / sizeof(plugin_attributes[0]);
+  return NULL;
+}
+
+/* ------------------------------- the table ------------------------------- */
+
+static const PJRT_Api stub_api = {
+    .struct_size = PJRT_Api_STRUCT_SIZE,
+    .extension_start = NULL,
+    .pjrt_api_version =
+        {
+            .struct_size = PJRT_Api_Version_STRUCT_SIZE,
+            .extension_start = NULL,
+            .major_version = PJRT_API_MAJOR,
+            .minor_version = PJRT_API_MINOR,
+        },
+
+    .PJRT_Error_Destroy = StubError_Destroy,
+    .PJRT_Error_Message = StubError_Message,
+    .PJRT_Error_GetCode = StubError_GetCode,
+
+    .PJRT_Plugin_Initialize = StubPlugin_Initialize,
+    .PJRT_Plugin_Attributes = StubPlugin_Attributes,
+
+    .PJRT_Event_Destroy = StubEvent_Destroy,
+    .PJRT_Event_IsReady = StubEvent_IsReady,
+    .PJRT_Event_Error = StubEvent_Error,
+    .PJRT_Event_Await = StubEvent_Await,
+    .PJRT_Event_OnReady = StubEvent_OnReady,
+
+    .PJRT_Client_Create = StubClient_Create,
+    .PJRT_Client_Destroy = StubClient_Destroy,
+    .PJRT_Client_PlatformName = StubClient_PlatformName,
+    .PJRT_Client_ProcessIndex = StubClient_ProcessIndex,
+    .PJRT_Client_PlatformVersion = StubClient_PlatformVersion,
+    .PJRT_Client_Devices = StubClient_Devices,
+    .PJRT_Client_AddressableDevices = StubClient_AddressableDevices,
+    .PJRT_Client_LookupDevice = StubClient_LookupDevice,
+    .PJRT_Client_LookupAddressableDevice = StubClient_LookupAddressableDevice,
+    .PJRT_Client_AddressableMemories = StubClient_AddressableMemories,
+    .PJRT_Client_Compile = StubClient_Compile,
+    .PJRT_Client_BufferFromHostBuffer = StubClient_BufferFromHostBuffer,
+
+    .PJRT_DeviceDescription_Id = StubDeviceDescription_Id,
+    .PJRT_DeviceDescription_ProcessIndex = StubDeviceDescription_ProcessIndex,
+    .PJRT_DeviceDescription_Attributes = StubDeviceDescription_Attributes,
+    .PJRT_DeviceDescription_Kind = StubDeviceDescription_Kind,
+    .PJRT_DeviceDescription_DebugString = StubDeviceDescription_DebugString,
+    .PJRT_DeviceDescription_ToString = StubDeviceDescription_ToString,
+
+    .PJRT_Device_GetDescription = StubDevice_GetDescription,
+    .PJRT_Device_IsAddressable = StubDevice_IsAddressable,
+    .PJRT_Device_LocalHardwareId = StubDevice_LocalHardwareId,
+    .PJRT_Device_AddressableMemories = StubDevice_AddressableMemories,
+    .PJRT_Device_DefaultMemory = StubDevice_DefaultMemory,
+
+    .PJRT_Memory_Id = StubMemory_Id,
+    .PJRT_Memory_Kind = StubMemory_Kind,
+    .PJRT_Memory_DebugString = StubMemory_DebugString,
+    .PJRT_Memory_ToString = StubMemory_ToString,
+    .PJRT_Memory_AddressableByDevices = StubMemory_AddressableByDevices,
+
+    .PJRT_Buffer_Destroy = StubBuffer_Destroy,
+    .PJRT_Buffer_ElementType = StubBuffer_ElementType,
+    .PJRT_Buffer_Dimensions = StubBuffer_Dimensions,
+    .PJRT_Buffer_OnDeviceSizeInBytes = StubBuffer_OnDeviceSizeInBytes,
+    .PJRT_Buffer_Device = StubBuffer_Device,
+    .PJRT_Buffer_Memory = StubBuffer_Memory,
+    .PJRT_Buffer_Delete = StubBuffer_Delete,
+    .PJRT_Buffer_IsDeleted = StubBuffer_IsDeleted,
+    .PJRT_Buffer_ToHostBuffer = StubBuffer_ToHostBuffer,
+    .PJRT_Buffer_ReadyEvent = StubBuffer_ReadyEvent,
+    /* Everything else (executables, topology, copies between devices, async
+     * transfers, ...) is deliberately NULL. */
+};
+
+STUB_EXPORT const PJRT_Api* GetPjrtApi(void) { return &stub_api; }

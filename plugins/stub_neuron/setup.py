@@ -1,0 +1,109 @@
+"""Build the stub's PJRT C API library (libpjrt_stub_neuron.so) with the system C compiler.
+
+The official ``pjrt_c_api.h`` is never copied into this repository: the build
+takes it from ``PJRT_C_API_HEADER`` (a vendor's own XLA checkout) or from the
+installed ``xla-cpu-pjrt`` wheel, a build requirement. Metadata is in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+try:  # setuptools >= 70.1 ships bdist_wheel itself (pyproject.toml asks for >= 77)
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover - older setuptools with the wheel package
+    from wheel.bdist_wheel import bdist_wheel
+
+LIBRARY = "pjrt_plugin_stub_neuron.libpjrt_stub_neuron"  # -> pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so
+SOURCES = ["csrc/api.c", "csrc/client.c", "csrc/buffer.c"]
+HEADER_ENV = "PJRT_C_API_HEADER"
+OLDEST_TESTED_MINOR = 81
+
+
+def find_pjrt_header() -> Path:
+    """The pjrt_c_api.h to compile against: $PJRT_C_API_HEADER, else the xla-cpu-pjrt wheel's."""
+    override = os.environ.get(HEADER_ENV, "").strip()
+    if override:
+        path = Path(override).expanduser()
+        if path.is_dir():
+            path = path / "pjrt_c_api.h"
+        if not path.is_file():
+            raise SystemExit(f"{HEADER_ENV}={override!r} does not name a pjrt_c_api.h file (or a folder holding one)")
+        return path.resolve()
+    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")  # finds the package without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / "include" / "pjrt_c_api.h"
+        if candidate.is_file():
+            return candidate.resolve()
+    raise SystemExit(
+        "cannot find pjrt_c_api.h to build the stub_neuron PJRT library. Either install the build "
+        "requirement xla-cpu-pjrt into the build environment (pip does this unless you pass "
+        f"--no-build-isolation), or set {HEADER_ENV}=/path/to/xla/pjrt/c/pjrt_c_api.h"
+    )
+
+
+def header_version(header: Path) -> tuple[int, int]:
+    text = header.read_text(encoding="utf-8", errors="replace")
+    major = re.search(r"^#define PJRT_API_MAJOR (\d+)", text, re.M)
+    minor = re.search(r"^#define PJRT_API_MINOR (\d+)", text, re.M)
+    if not (major and minor):
+        raise SystemExit(f"{header} does not look like the PJRT C API header (no PJRT_API_MAJOR/MINOR)")
+    return int(major.group(1)), int(minor.group(1))
+
+
+class BuildPjrtLibrary(build_ext):
+    """Compiles the C sources into a plain shared library that exports GetPjrtApi."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        # A PJRT plugin, not a Python module: no ABI tag in its name. setuptools asks
+        # both with the dotted name and with its last part.
+        if fullname in (LIBRARY, LIBRARY.rsplit(".", 1)[-1]):
+            return os.path.join(*fullname.split(".")) + ".so"
+        return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext: Extension) -> None:
+        header = find_pjrt_header()
+        major, minor = header_version(header)
+        if minor < OLDEST_TESTED_MINOR:
+            print(f"warning: PJRT C API {major}.{minor} is older than 0.{OLDEST_TESTED_MINOR}, the oldest tested")
+        print(f"stub_neuron: compiling against {header} (PJRT C API {major}.{minor})")
+        ext.include_dirs = [str(header.parent), *ext.include_dirs]
+        version = self.distribution.get_version()
+        ext.define_macros = [*ext.define_macros, ("STUB_NEURON_VERSION", f'"{version}"')]
+        # Python's link line carries an rpath to its own lib folder; a PJRT plugin has no use for it.
+        linker = getattr(self.compiler, "linker_so", None)
+        if isinstance(linker, list):
+            self.compiler.linker_so = [arg for arg in linker if not arg.startswith("-Wl,-rpath")]
+        super().build_extension(ext)
+
+
+class PlatformWheel(bdist_wheel):
+    """The library does not link against Python: tag the wheel py3-none-<platform>."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+if not sys.platform.startswith("linux"):
+    raise SystemExit("pjrt-plugin-stub-neuron builds on Linux only (the PJRT plugin is an ELF shared library)")
+
+setup(
+    ext_modules=[
+        Extension(
+            LIBRARY,
+            sources=SOURCES,
+            depends=["csrc/stub_neuron.h"],
+            extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread"],
+        )
+    ],
+    cmdclass={"build_ext": BuildPjrtLibrary, "bdist_wheel": PlatformWheel},
+)

@@ -1,0 +1,84 @@
+"""Building pjrt-plugin-stub-neuron from source: gcc compiles the library against the official header.
+
+Each build runs on a copy of plugins/stub_neuron, with the dev environment's
+setuptools (``--no-build-isolation``) so no network is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from stub_neuron_testkit import STUB_SOURCE
+
+
+@pytest.fixture
+def source_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "stub_neuron"
+    shutil.copytree(
+        STUB_SOURCE, copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "*.so", "__pycache__")
+    )
+    return copy
+
+
+def _pip_wheel(source: Path, out: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PJRT_C_API_HEADER"}
+    env.update(env_extra or {})
+    command = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_wheel_contains_the_compiled_library_and_no_header(source_copy, tmp_path, gcc, pjrt_header):
+    done = _pip_wheel(source_copy, tmp_path / "wheels")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"compiling against {pjrt_header.resolve()} (PJRT C API 0.81)" in done.stdout + done.stderr
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
+    assert wheel.name.startswith("pjrt_plugin_stub_neuron-0.1.0-py3-none-linux_")  # no Python ABI in the library
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read("pjrt_plugin_stub_neuron-0.1.0.dist-info/entry_points.txt").decode()
+        archive.extract("pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so", tmp_path / "unpacked")
+    assert "pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so" in names
+    assert not any(name.endswith((".h", ".c")) for name in names)
+    assert "[torch_xla.plugins]\nstub_neuron = pjrt_plugin_stub_neuron:StubNeuronPlugin" in entry_points
+
+    library = ctypes.CDLL(str(tmp_path / "unpacked" / "pjrt_plugin_stub_neuron" / "libpjrt_stub_neuron.so"))
+    assert library.GetPjrtApi  # the one PJRT export
+    with pytest.raises(AttributeError):
+        library.StubClient_Create  # internal functions stay hidden (-fvisibility=hidden)
+
+
+def test_header_from_pjrt_c_api_header_is_used(source_copy, tmp_path, gcc, pjrt_header):
+    vendor_checkout = tmp_path / "xla" / "xla" / "pjrt" / "c"
+    vendor_checkout.mkdir(parents=True)
+    shutil.copy(pjrt_header, vendor_checkout / "pjrt_c_api.h")
+    done = _pip_wheel(source_copy, tmp_path / "wheels", {"PJRT_C_API_HEADER": str(vendor_checkout)})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"compiling against {vendor_checkout / 'pjrt_c_api.h'}" in done.stdout + done.stderr
+
+
+def test_a_wrong_header_path_fails_the_build_with_a_clear_message(source_copy, tmp_path, gcc):
+    done = _pip_wheel(source_copy, tmp_path / "wheels", {"PJRT_C_API_HEADER": str(tmp_path / "nowhere.h")})
+    assert done.returncode != 0
+    assert "PJRT_C_API_HEADER=" in done.stdout + done.stderr
+    assert "does not name a pjrt_c_api.h file" in done.stdout + done.stderr
+
+
+def test_sdist_ships_the_c_sources_but_not_the_header(source_copy, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(source_copy)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {Path(*Path(n).parts[1:]).as_posix() for n in archive.getnames()}
+    assert {"csrc/api.c", "csrc/client.c", "csrc/buffer.c", "csrc/stub_neuron.h", "setup.py", "README.md"} <= names
+    assert not any(name.endswith("pjrt_c_api.h") for name in names)
