@@ -1,0 +1,216 @@
+"""TensorData: where one tensor on the virtual device lives (host, device shards, or a pending graph value).
+
+Shared by every wrapper of the same tensor (``detach``/``alias`` views). Holds
+state only: it never transfers data or records ops itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._sharding import ShardingSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TensorData", "TensorState", "host_empty"]
+
+#: From this size on, host tensors are allocated through numpy (see host_empty).
+_LARGE_HOST_BYTES = 1 << 20
+#: Alignment of large host tensors (XLA's CPU runtime aliases host memory only when 64-byte aligned).
+_HOST_ALIGNMENT = 64
+
+
+def host_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized contiguous CPU tensor; large ones are allocated by numpy.
+
+    numpy asks Linux for transparent huge pages on large allocations and torch's CPU
+    allocator does not; first writes into fresh memory (every snapshot and gather
+    writes fresh memory) then run about twice as fast. The start is 64-byte aligned,
+    like torch's, so plugins can still alias it.
+    """
+    shape = tuple(int(s) for s in shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _LARGE_HOST_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    raw = np.empty(nbytes + _HOST_ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % _HOST_ALIGNMENT  # plugins alias (zero-copy) only aligned memory
+    return torch.from_numpy(raw[offset : offset + nbytes]).view(dtype).view(shape)
+
+
+class TensorState(enum.Enum):
+    """Where a tensor's value is.
+
+    HOST:   a CPU tensor not yet uploaded (deferred: nothing has moved).
+    DEVICE: one runtime Buffer per device ordinal (``None`` where a device holds
+            nothing), laid out by ``TensorData.sharding``.
+    LAZY:   a value of the pending graph (owned by the execution engine).
+    """
+
+    HOST = "host"
+    DEVICE = "device"
+    LAZY = "lazy"
+
+
+_ids = iter(range(1, 1 << 62))
+_id_lock = threading.Lock()
+
+
+def _next_id() -> int:
+    with _id_lock:
+        return next(_ids)
+
+
+class TensorData:
+    """The value behind one or more ``XLAShardedTensor`` wrappers.
+
+    Attributes (read freely; change only through the ``set_*`` methods):
+
+    - ``shape`` (tuple of ints) and ``dtype`` (torch dtype): the global tensor's.
+    - ``state``: a :class:`TensorState`.
+    - ``host``: the CPU tensor (contiguous, owned: nobody else writes it) in state HOST.
+    - ``buffers``: in state DEVICE, a list indexed by device ordinal of runtime
+      ``Buffer`` objects (padded shards), ``None`` for devices holding nothing.
+    - ``sharding``: in state DEVICE, the :class:`ShardingSpec` the buffers follow.
+    - ``lazy``: in state LAZY, the execution engine's graph value (opaque here).
+    - ``annotation``: the declared sharding (``mark_sharding``, or the sharding
+      the partitioner chose for an output), or ``None``. It is what
+      ``sharding_spec`` reports and what the re-marking rules check.
+    - ``mark``: ``(mesh, partition_spec)`` of the last ``mark_sharding``, or ``None``.
+    - ``generation``: the virtual device generation the buffers belong to.
+    - ``id``: a process-unique integer (stable across state changes).
+    - ``version``: bumped on every state change.
+    - ``uninitialized``: True for HOST data made by ``empty`` whose contents nobody wrote yet
+      (an engine may skip uploading it before an op that overwrites it); any state change clears it.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "annotation",
+        "buffers",
+        "dtype",
+        "generation",
+        "host",
+        "id",
+        "lazy",
+        "mark",
+        "shape",
+        "sharding",
+        "state",
+        "uninitialized",
+        "version",
+    )
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.state = TensorState.HOST
+        self.host: torch.Tensor | None = None
+        self.buffers: list[Any] | None = None
+        self.sharding: ShardingSpec | None = None
+        self.lazy: Any = None
+        self.annotation: ShardingSpec | None = None
+        self.mark: tuple[Any, tuple] | None = None
+        self.generation = 0
+        self.id = _next_id()
+        self.version = 0
+        self.uninitialized = False
+
+    # -- constructors --------------------------------------------------------------------
+
+    @classmethod
+    def from_host(cls, tensor: torch.Tensor, *, copy: bool = True) -> TensorData:
+        """A HOST-state TensorData holding ``tensor`` (copied unless ``copy=False`` and it is private)."""
+        data = cls(tensor.shape, tensor.dtype)
+        data.set_host(tensor, copy=copy)
+        return data
+
+    @classmethod
+    def empty(cls, shape: Sequence[int], dtype: torch.dtype) -> TensorData:
+        """A HOST-state TensorData with uninitialized contents (``torch.empty`` semantics)."""
+        data = cls(shape, dtype)
+        data.set_host(host_empty(data.shape, dtype), copy=False)
+        data.uninitialized = True
+        return data
+
+    @classmethod
+    def from_lazy(cls, shape: Sequence[int], dtype: torch.dtype, value: Any) -> TensorData:
+        """A LAZY-state TensorData for a pending graph value."""
+        data = cls(shape, dtype)
+        data.set_lazy(value)
+        return data
+
+    # -- state changes -------------------------------------------------------------------
+
+    def set_host(self, tensor: torch.Tensor, *, copy: bool = True) -> None:
+        """Hold ``tensor`` (a CPU tensor of this shape and dtype) on the host; drops device buffers."""
+        if tensor.device.type != "cpu":
+            raise ValueError(f"host data must be a CPU tensor, got one on {tensor.device}")
+        if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
+            raise ValueError(
+                f"host data of shape {tuple(tensor.shape)} and {tensor.dtype} does not match "
+                f"{self.shape} and {self.dtype}"
+            )
+        tensor = tensor.detach()
+        if copy or not tensor.is_contiguous():
+            fresh = host_empty(self.shape, self.dtype)
+            fresh.copy_(tensor)
+            tensor = fresh
+        self.host = tensor
+        self.buffers = None
+        self.sharding = None
+        self.lazy = None
+        self.state = TensorState.HOST
+        self.uninitialized = False
+        self.version += 1
+
+    def set_device(self, buffers: Sequence[Any], sharding: ShardingSpec, generation: int) -> None:
+        """Hold per-device ``buffers`` (indexed by device ordinal) laid out by ``sharding``."""
+        if not isinstance(sharding, ShardingSpec):
+            raise TypeError(f"sharding must be a ShardingSpec, got {type(sharding).__name__}")
+        sharding.check_rank(self.shape)
+        self.buffers = list(buffers)
+        self.sharding = sharding
+        self.generation = int(generation)
+        self.host = None
+        self.lazy = None
+        self.state = TensorState.DEVICE
+        self.uninitialized = False
+        self.version += 1
+
+    def set_lazy(self, value: Any) -> None:
+        """Become the pending graph value ``value``; drops host data and device buffers."""
+        self.lazy = value
+        self.host = None
+        self.buffers = None
+        self.sharding = None
+        self.state = TensorState.LAZY
+        self.uninitialized = False
+        self.version += 1
+
+    # -- facts ---------------------------------------------------------------------------
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the global (unpadded) tensor."""
+        return self.numel * self.dtype.itemsize
+
+    def meta(self) -> torch.Tensor:
+        """A meta tensor with this shape and dtype (for shape inference)."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+    def __repr__(self) -> str:
+        spec = f" sharding={self.sharding}" if self.sharding is not None else ""
+        mark = f" annotation={self.annotation}" if self.annotation is not None else ""
+        return f"<TensorData #{self.id} {self.state.value} {list(self.shape)} {self.dtype}{spec}{mark}>"

@@ -1,0 +1,381 @@
+"""The virtual device ``pjrt:0``: torch's PrivateUse1 backend renamed ``pjrt``, and the PJRT devices it stands for.
+
+The only module that touches ``torch.utils.backend_registration`` / PrivateUse1.
+Creating tensors here never opens a plugin; the shared client is created on
+first transfer (or when the device count is asked for).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import VirtualDeviceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .._plugin import DevicePlugin
+
+logger = logging.getLogger(__name__)
+
+#: The torch device name of the virtual device.
+DEVICE_TYPE = "pjrt"
+#: PyTorch/XLA's switch for SPMD mode.
+USE_SPMD_ENV = "XLA_USE_SPMD"
+#: SPMD is on unless ``XLA_USE_SPMD=0`` or ``use_spmd`` is told otherwise (see docs/notes/spmd.md).
+DEFAULT_SPMD = True
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+# =====================================================================================
+# torch side: register PrivateUse1 as the Python backend "pjrt"
+# =====================================================================================
+
+
+class _PjrtBackendModule:
+    """``torch.pjrt``: what torch asks a backend module (one device, always available)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        set_seed(seed)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        set_seed(seed)
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        """Run pending work (``xs.sync()`` once the execution engine exists)."""
+        lazy = _lazy_module()
+        if lazy is not None and hasattr(lazy, "sync"):
+            lazy.sync()
+
+
+_registered = False
+_register_lock = threading.Lock()
+_library: torch.library.Library | None = None  # kept alive: dropping it unregisters the kernels
+
+
+def register_backend() -> None:
+    """Make ``pjrt`` a torch device (idempotent). Raises if PrivateUse1 already belongs to another backend."""
+    global _registered, _library
+    with _register_lock:
+        if _registered:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", DEVICE_TYPE):
+            raise VirtualDeviceError(
+                f"torch's PrivateUse1 backend is already registered as {current!r} by another library; "
+                f"pjrt_plugins.spmd needs it for the {DEVICE_TYPE!r} device. Import only one of them."
+            )
+        if current == DEVICE_TYPE and hasattr(torch, DEVICE_TYPE):
+            logger.debug("PrivateUse1 already set up as %r", DEVICE_TYPE)
+        else:
+            from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+            _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_PjrtBackendModule())
+        _library = torch.library.Library("aten", "IMPL")
+        _library.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+        _library.impl("empty_strided", _empty_strided, "PrivateUse1")
+        _library.impl("_copy_from", _copy_from, "PrivateUse1")
+        _library.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+        _registered = True
+        logger.debug("registered the %r torch device", DEVICE_TYPE)
+
+
+def check_torch_device(device: Any) -> None:
+    """Raise unless ``device`` is ``pjrt`` or ``pjrt:0``."""
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type != DEVICE_TYPE or device.index not in (None, 0):
+        raise VirtualDeviceError(
+            f"{device} is not the virtual device: pjrt_plugins has one device, {TORCH_DEVICE}, which stands "
+            "for all devices of the active plugin (address single devices through a Mesh and mark_sharding)"
+        )
+
+
+# The kernels below run for factory functions (torch.empty(..., device="pjrt")) and for
+# copies torch makes with the Python dispatch key excluded (torch.tensor(..., device="pjrt")).
+# Everything else on our tensors reaches XLAShardedTensor.__torch_dispatch__.
+
+
+def _empty_memory_format(
+    size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None, memory_format: Any = None
+) -> torch.Tensor:
+    return _new_empty(size, dtype, layout, device)
+
+
+def _empty_strided(
+    size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    return _new_empty(size, dtype, layout, device)
+
+
+def _new_empty(size: Any, dtype: Any, layout: Any, device: Any) -> torch.Tensor:
+    from ._data import TensorData
+    from .tensor import wrap
+
+    check_torch_device(device)
+    if layout not in (None, torch.strided):
+        raise NotImplementedError(f"the pjrt device holds dense (strided) tensors only, not {layout}")
+    return wrap(TensorData.empty(tuple(size), dtype or torch.get_default_dtype()))
+
+
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    from .tensor import copy_into
+
+    return copy_into(dst, src)
+
+
+def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    from .tensor import copy_into
+
+    if tuple(dst.shape) != tuple(src.shape):
+        raise NotImplementedError(
+            f"resizing a pjrt tensor from {tuple(dst.shape)} to {tuple(src.shape)} is not supported; "
+            "allocate the output with the right shape"
+        )
+    return copy_into(dst, src)
+
+
+register_backend()
+#: The virtual device, ``pjrt:0`` (valid once the backend is registered, which importing this module does).
+TORCH_DEVICE = torch.device(DEVICE_TYPE, 0)
+
+
+# =====================================================================================
+# runtime side: the plugin, the shared client and the devices pjrt:0 stands for
+# =====================================================================================
+
+
+@dataclass
+class VirtualDevice:
+    """The PJRT devices behind ``pjrt:0`` in this process.
+
+    ``devices`` are runtime Device objects in ordinal order: ordinal ``i`` (the
+    id used in meshes and shardings) is ``devices[i]``. With SPMD off only the
+    first device is used.
+    """
+
+    plugin: DevicePlugin
+    client: Any
+    devices: tuple[Any, ...]
+    spmd: bool
+    generation: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        """The device ordinals, ``0..num_devices-1``."""
+        return tuple(range(len(self.devices)))
+
+    @property
+    def device_assignment(self) -> list[int]:
+        """Runtime device id for each ordinal (partition ``i`` runs on ``device_assignment[i]``)."""
+        return [int(d.id) for d in self.devices]
+
+    def device_name(self, ordinal: int) -> str:
+        """A readable name for device ``ordinal``, e.g. ``'cpu:3'``."""
+        device = self.devices[ordinal]
+        platform = str(getattr(self.client, "platform_name", None) or getattr(device, "kind", "device"))
+        return f"{platform.lower()}:{device.id}"
+
+    def __repr__(self) -> str:
+        name = getattr(self.plugin, "name", None) or type(self.plugin).__name__
+        return f"<VirtualDevice {TORCH_DEVICE} plugin={name!r} devices={self.num_devices} spmd={self.spmd}>"
+
+
+_state_lock = threading.RLock()
+_current: VirtualDevice | None = None
+_generation = 0
+_plugin_choice: Any = None  # None: pjrt_plugins.default_plugin()
+_options_choice: dict[str, Any] | None = None
+_spmd_choice: bool | None = None  # None: environment, then DEFAULT_SPMD
+_seed: int | None = None
+
+
+def spmd_from_environment() -> bool:
+    """``XLA_USE_SPMD`` as a bool, or :data:`DEFAULT_SPMD` when unset."""
+    raw = os.environ.get(USE_SPMD_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_SPMD
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"environment variable {USE_SPMD_ENV}={raw!r} must be 1 or 0")
+
+
+def is_spmd() -> bool:
+    """Whether the virtual device stands for all devices (SPMD) or only the first one."""
+    with _state_lock:
+        if _current is not None:
+            return _current.spmd
+        return _spmd_choice if _spmd_choice is not None else spmd_from_environment()
+
+
+def set_spmd(enabled: bool) -> None:
+    """Switch SPMD mode; if the virtual device already exists in the other mode it is replaced."""
+    global _spmd_choice
+    with _state_lock:
+        _spmd_choice = bool(enabled)
+        if _current is not None and _current.spmd != _spmd_choice:
+            warnings.warn(
+                f"SPMD mode switched to {_spmd_choice} after the virtual device was in use: tensors already "
+                "uploaded belong to the old device and must be moved to pjrt again",
+                stacklevel=3,
+            )
+            _replace_current()
+
+
+def set_plugin(plugin: Any = None, options: Mapping[str, Any] | None = None) -> None:
+    """Choose the plugin (instance, registered name, or ``None`` for the default) and client options.
+
+    Takes effect at the next use; a virtual device already in use is replaced,
+    and tensors uploaded to it must be moved again.
+    """
+    global _plugin_choice, _options_choice
+    if plugin is not None and not isinstance(plugin, str) and not hasattr(plugin, "create_client"):
+        raise TypeError(f"plugin must be a DevicePlugin, a plugin name or None, got {type(plugin).__name__}")
+    if isinstance(plugin, str):
+        plugin = plugin.strip().lower()
+    new_options = dict(options) if options is not None else None
+    with _state_lock:
+        if plugin == _plugin_choice and new_options == _options_choice:
+            return  # the same choice: keep the device (and the tensors on it)
+        _plugin_choice = plugin
+        _options_choice = new_options
+        _replace_current()
+
+
+def _reset_choices() -> None:
+    """Forget set_plugin / set_spmd choices and the current device (for tests)."""
+    global _plugin_choice, _options_choice, _spmd_choice
+    with _state_lock:
+        _plugin_choice = None
+        _options_choice = None
+        _spmd_choice = None
+        _replace_current()
+
+
+def _replace_current() -> None:
+    global _current, _generation
+    if _current is not None:
+        logger.info("replacing %r", _current)
+        _generation += 1
+    _current = None
+
+
+def current_generation() -> int:
+    """Generation number of the virtual device (bumped when it is replaced)."""
+    return _generation
+
+
+def peek_virtual_device() -> VirtualDevice | None:
+    """The virtual device if it already exists (never opens a plugin)."""
+    return _current
+
+
+def virtual_device() -> VirtualDevice:
+    """The virtual device, creating the shared client on first call."""
+    global _current
+    current = _current
+    if current is not None:
+        return current
+    with _state_lock:
+        if _current is None:
+            _current = _create()
+        return _current
+
+
+def _resolve_plugin(choice: Any) -> DevicePlugin:
+    import pjrt_plugins
+
+    if choice is None:
+        return pjrt_plugins.default_plugin()
+    if isinstance(choice, str):
+        return pjrt_plugins.get_plugin(choice)
+    return choice
+
+
+def _create() -> VirtualDevice:
+    plugin = _resolve_plugin(_plugin_choice)
+    spmd = _spmd_choice if _spmd_choice is not None else spmd_from_environment()
+    options = dict(_options_choice or {})
+    client = plugin.create_client(options or None)
+    devices = tuple(client.addressable_devices)
+    if not devices:
+        raise VirtualDeviceError(f"plugin {getattr(plugin, 'name', plugin)!r} created a client with no devices")
+    if not spmd:
+        devices = devices[:1]
+    vd = VirtualDevice(plugin, client, devices, spmd, _generation, options)
+    logger.info("created %r", vd)
+    return vd
+
+
+def set_seed(seed: int) -> None:
+    """Remember the RNG seed (``torch.manual_seed`` calls this) and tell the execution engine."""
+    global _seed
+    _seed = int(seed)
+    lazy = _lazy_module()
+    if lazy is not None and hasattr(lazy, "manual_seed"):
+        lazy.manual_seed(_seed)
+
+
+def get_seed() -> int | None:
+    """The last seed given to ``torch.manual_seed``, or ``None``."""
+    return _seed
+
+
+_MISSING = object()
+_lazy_cache: Any = _MISSING
+
+
+def _lazy_module() -> Any:
+    """``pjrt_plugins.spmd._lazy`` if it exists (the execution engine), else ``None`` (looked up once)."""
+    global _lazy_cache
+    if _lazy_cache is _MISSING:
+        name = f"{__package__}._lazy"
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            module = None
+        _lazy_cache = module
+    return _lazy_cache

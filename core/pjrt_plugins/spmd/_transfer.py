@@ -1,0 +1,318 @@
+"""Host <-> device transfers for the virtual device: sharded upload, gather, per-device byte counters.
+
+The only module of the data model that moves bytes. It never records or runs
+computations (that is the execution engine's job).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import ShardingError, VirtualDeviceError
+from ..runtime._dtypes import torch_to_numpy
+from ._data import TensorData, TensorState, host_empty
+from ._device import VirtualDevice, virtual_device
+from ._sharding import Shard, ShardingSpec, ShardingType
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "TransferCounters",
+    "download_shard",
+    "gather",
+    "reset_transfer_counters",
+    "transfer_counters",
+    "upload",
+    "upload_host_tensor",
+]
+
+
+@dataclass(frozen=True)
+class TransferCounters:
+    """Bytes and buffers moved, per device ordinal, since the last reset.
+
+    ``uploaded[i]`` / ``downloaded[i]`` are bytes sent to / read from device
+    ``i`` (padding included, since it moves too); ``uploads`` / ``downloads``
+    count buffers.
+
+    Example (4 devices, a 16x8 float32 tensor split by rows)::
+
+        xs.reset_transfer_counters()
+        xs.mark_sharding(t, xs.Mesh(range(4), (4,)), (0, None))
+        xs.transfer_counters().uploaded   # {0: 128, 1: 128, 2: 128, 3: 128}
+        print(xs.transfer_counters().report())
+    """
+
+    uploaded: dict[int, int] = field(default_factory=dict)
+    downloaded: dict[int, int] = field(default_factory=dict)
+    uploads: int = 0
+    downloads: int = 0
+
+    @property
+    def total_uploaded(self) -> int:
+        return sum(self.uploaded.values())
+
+    @property
+    def total_downloaded(self) -> int:
+        return sum(self.downloaded.values())
+
+    def report(self) -> str:
+        """A short text table of bytes per device."""
+        devices = sorted(set(self.uploaded) | set(self.downloaded))
+        lines = [f"{'device':>6} {'uploaded':>14} {'downloaded':>14}"]
+        for d in devices:
+            lines.append(f"{d:>6} {self.uploaded.get(d, 0):>14,} {self.downloaded.get(d, 0):>14,}")
+        lines.append(f"{'total':>6} {self.total_uploaded:>14,} {self.total_downloaded:>14,}")
+        lines.append(f"buffers: {self.uploads} uploaded, {self.downloads} downloaded")
+        return "\n".join(lines)
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.uploaded: defaultdict[int, int] = defaultdict(int)
+        self.downloaded: defaultdict[int, int] = defaultdict(int)
+        self.uploads = 0
+        self.downloads = 0
+
+    def add_upload(self, ordinal: int, nbytes: int) -> None:
+        with self.lock:
+            self.uploaded[ordinal] += nbytes
+            self.uploads += 1
+
+    def add_download(self, ordinal: int, nbytes: int) -> None:
+        with self.lock:
+            self.downloaded[ordinal] += nbytes
+            self.downloads += 1
+
+    def snapshot(self) -> TransferCounters:
+        with self.lock:
+            return TransferCounters(dict(self.uploaded), dict(self.downloaded), self.uploads, self.downloads)
+
+
+_counters = _Counters()
+#: Gathers of strided shards larger than this use two threads.
+_PARALLEL_GATHER_BYTES = 8 << 20
+
+
+def transfer_counters() -> TransferCounters:
+    """A snapshot of the bytes moved per device since the last :func:`reset_transfer_counters`."""
+    return _counters.snapshot()
+
+
+def reset_transfer_counters() -> None:
+    """Zero the transfer counters."""
+    with _counters.lock:
+        _counters.reset()
+
+
+def record_upload(ordinal: int, nbytes: int) -> None:
+    """Count a host-to-device transfer made outside this module (the execution engine's constants)."""
+    _counters.add_upload(ordinal, nbytes)
+
+
+def record_download(ordinal: int, nbytes: int) -> None:
+    """Count a device-to-host transfer made outside this module."""
+    _counters.add_download(ordinal, nbytes)
+
+
+# -- upload ------------------------------------------------------------------------------
+
+
+def _shard_source(host: torch.Tensor, shard: Shard) -> tuple[torch.Tensor, bool]:
+    """``(CPU tensor device shard.device receives, private)``: zero-padded where the shard is short.
+
+    ``private`` means the tensor is a new staging copy nobody else references.
+    """
+    if shard.indices is ...:
+        return host, False
+    piece = host[shard.indices]
+    if shard.is_padded:
+        padded = host_empty(shard.padded_shape, host.dtype)
+        padded.zero_()
+        padded[tuple(slice(0, n) for n in shard.shape)] = piece
+        return padded, True
+    if not piece.is_contiguous():
+        # Stage it ourselves (aligned, huge pages) so the plugin can take it without a second copy.
+        staged = host_empty(shard.shape, host.dtype)
+        staged.copy_(piece)
+        return staged, True
+    return piece, False
+
+
+def upload_host_tensor(
+    host: torch.Tensor, sharding: ShardingSpec | None, vd: VirtualDevice | None = None, *, owned: bool = False
+) -> list[Any]:
+    """Upload ``host`` (a CPU tensor) laid out by ``sharding`` (``None``: replicated).
+
+    Each device receives only its shard; returns the buffers indexed by device
+    ordinal (``None`` for devices that hold nothing). ``owned=True`` promises
+    that nobody will ever write ``host`` again: then a shard that exactly one
+    device holds may be handed over without a copy where the plugin allows
+    (the CPU plugin aliases it), so a tiled upload costs no host copy at all.
+    Shards held by several devices are always copied, so no two buffers share
+    memory.
+    """
+    vd = vd or virtual_device()
+    spec = sharding if sharding is not None else ShardingSpec.replicated()
+    if spec.type is ShardingType.MANUAL or spec.type is ShardingType.UNKNOWN:
+        raise NotImplementedError(f"uploading a tensor with a {spec.type.name.lower()} sharding is not supported")
+    if not vd.spmd and spec.type is not ShardingType.REPLICATED:
+        raise VirtualDeviceError(f"sharding {spec} needs SPMD mode; the virtual device has one device")
+    spec.check_rank(tuple(host.shape))
+    spec.check_devices(vd.device_ids)
+    if host.device.type != "cpu":
+        raise VirtualDeviceError(f"upload expects a CPU tensor, got one on {host.device}")
+    host = host.detach()
+    shards = spec.shards(tuple(host.shape), vd.device_ids)
+    single_holder = len(shards) == 1 or spec.type is ShardingType.TILED
+    buffers: list[Any] = [None] * vd.num_devices
+    for shard in shards:
+        source, private = _shard_source(host, shard)
+        zero_copy = private or (owned and single_holder)
+        buffers[shard.device] = vd.client.buffer_from_host(
+            source, device=vd.devices[shard.device], copy=False if zero_copy else None
+        )
+        _counters.add_upload(shard.device, source.numel() * source.element_size())
+    return buffers
+
+
+def upload(data: TensorData, sharding: ShardingSpec | None = None) -> TensorData:
+    """Move a HOST-state ``data`` onto the devices, laid out by ``sharding`` (``None``: replicated).
+
+    This is how an unmarked tensor used in a computation gets there: the
+    execution engine calls ``upload(data, data.annotation)``. ``data`` becomes
+    DEVICE state; returns it. A DEVICE-state ``data`` already laid out that
+    way is left alone; one laid out differently is gathered and re-uploaded.
+    """
+    vd = virtual_device()
+    spec = sharding if sharding is not None else ShardingSpec.replicated()
+    if data.state is TensorState.DEVICE:
+        check_current(data, vd)
+        if data.sharding == spec:
+            return data
+        host = gather(data)
+    elif data.state is TensorState.HOST:
+        host = data.host
+    else:
+        raise VirtualDeviceError(
+            f"{data!r} is a pending graph value; the execution engine must materialize it before an upload"
+        )
+    assert host is not None
+    # TensorData owns its host tensor and never writes it once uploaded (state changes replace it).
+    buffers = upload_host_tensor(host, spec, vd, owned=True)
+    data.set_device(buffers, spec, vd.generation)
+    logger.debug("uploaded %r", data)
+    return data
+
+
+def check_current(data: TensorData, vd: VirtualDevice | None = None) -> None:
+    """Raise if ``data``'s buffers belong to a virtual device that was replaced."""
+    vd = vd or virtual_device()
+    if data.state is TensorState.DEVICE and data.generation != vd.generation:
+        raise VirtualDeviceError(
+            "this tensor's data lives on a virtual device that was replaced (set_plugin or use_spmd changed it); "
+            "move it to pjrt again from a CPU copy"
+        )
+
+
+# -- download ----------------------------------------------------------------------------
+
+
+def download_buffer(buffer: Any, ordinal: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One device buffer as a CPU tensor (counted); written into ``out`` if given (C-contiguous)."""
+    if out is None:
+        result = buffer.to_torch()
+    else:
+        buffer.to_numpy(out=torch_to_numpy(out))
+        result = out
+    _counters.add_download(ordinal, result.numel() * result.element_size())
+    return result
+
+
+def download_shard(data: TensorData, ordinal: int) -> torch.Tensor:
+    """The padded shard device ``ordinal`` holds, as a CPU tensor."""
+    if data.state is not TensorState.DEVICE:
+        raise VirtualDeviceError(f"{data!r} is not on the devices")
+    check_current(data)
+    assert data.buffers is not None
+    buffer = data.buffers[ordinal]
+    if buffer is None:
+        raise ShardingError(f"device {ordinal} holds nothing of {data!r}")
+    return download_buffer(buffer, ordinal)
+
+
+def gather_shards(
+    shape: Sequence[int], dtype: torch.dtype, sharding: ShardingSpec, buffers: Sequence[Any], device_ids: Sequence[int]
+) -> torch.Tensor:
+    """Assemble the global CPU tensor from per-device ``buffers``, reading one copy of each tile."""
+    shape = tuple(shape)
+    shards = sharding.shards(shape, device_ids)
+    if sharding.type in (ShardingType.REPLICATED, ShardingType.MAXIMAL):
+        first = shards[0]
+        return download_buffer(buffers[first.device], first.device).reshape(shape).to(dtype)
+    out = host_empty(shape, dtype)
+    staged = []
+    for shard in shards:
+        if shard.replica_id != 0 or shard.numel == 0:
+            continue
+        region = out[shard.indices]
+        if not shard.is_padded and region.is_contiguous():
+            download_buffer(buffers[shard.device], shard.device, out=region)  # straight into place
+        else:
+            staged.append((shard, region))
+    if staged:
+        _gather_staged(staged, buffers, dtype)
+    return out
+
+
+def _gather_staged(staged: list[tuple[Shard, torch.Tensor]], buffers: Sequence[Any], dtype: torch.dtype) -> None:
+    """Download shards whose place in the output is strided (or padded) through a staging tensor.
+
+    Large ones run on two threads (downloads and strided copies release the GIL), each
+    with one staging tensor it reuses, so one shard's copy overlaps the next download.
+    """
+    local = threading.local()
+
+    def one(item: tuple[Shard, torch.Tensor]) -> None:
+        shard, region = item
+        scratch = getattr(local, "scratch", None)
+        if scratch is None or tuple(scratch.shape) != shard.padded_shape:
+            scratch = local.scratch = host_empty(shard.padded_shape, dtype)
+        download_buffer(buffers[shard.device], shard.device, out=scratch)
+        region.copy_(scratch[tuple(slice(0, n) for n in shard.shape)])
+
+    total = sum(shard.padded_numel for shard, _ in staged) * dtype.itemsize
+    if total < _PARALLEL_GATHER_BYTES or len(staged) < 2:
+        for item in staged:
+            one(item)
+        return
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pjrt-gather") as pool:
+        for future in [pool.submit(one, item) for item in staged]:
+            future.result()
+
+
+def gather(data: TensorData) -> torch.Tensor:
+    """The global value of a HOST- or DEVICE-state ``data`` as a new CPU tensor."""
+    if data.state is TensorState.HOST:
+        assert data.host is not None
+        copy = host_empty(data.shape, data.dtype)
+        copy.copy_(data.host)
+        return copy
+    if data.state is not TensorState.DEVICE:
+        raise VirtualDeviceError(f"{data!r} is a pending graph value; materialize it before gathering")
+    vd = virtual_device()
+    check_current(data, vd)
+    assert data.buffers is not None and data.sharding is not None
+    return gather_shards(data.shape, data.dtype, data.sharding, data.buffers, vd.device_ids)

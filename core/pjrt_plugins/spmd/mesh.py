@@ -1,0 +1,175 @@
+"""Logical device meshes (PyTorch/XLA's ``Mesh``) and the process-wide global mesh.
+
+A mesh only arranges device ids; it never opens a plugin (except :func:`get_1d_mesh`,
+which asks the virtual device how many devices it has).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShardingError
+from ._sharding import PartitionSpec, ShardingSpec, _as_int, normalize_partition_spec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Mesh", "get_1d_mesh", "get_global_mesh", "set_global_mesh"]
+
+
+class Mesh:
+    """A logical arrangement of the virtual device's devices, in row-major order.
+
+    ``device_ids`` are the ordinals of the devices (``0..n-1``, one each);
+    ``mesh_shape`` arranges them row-major, and ``axis_names`` optionally names
+    each axis so partition specs can say ``("data", None)``.
+
+    >>> mesh = Mesh(range(8), (2, 4), ("data", "model"))
+    >>> mesh.get_logical_mesh().tolist()
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> dict(mesh.shape())
+    {'data': 2, 'model': 4}
+    >>> str(mesh.get_op_sharding(("data", None)))
+    '{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}'
+
+    Raises :class:`pjrt_plugins.errors.ShardingError` when the ids do not fill
+    the shape, repeat, fall outside ``0..n-1``, or when the axis names are not
+    one unique string per axis.
+    """
+
+    def __init__(
+        self,
+        device_ids: Sequence[int] | np.ndarray,
+        mesh_shape: Sequence[int],
+        axis_names: Sequence[str] | None = None,
+    ) -> None:
+        ids_array = np.asarray(device_ids)
+        if ids_array.dtype == object or not (ids_array.size == 0 or np.issubdtype(ids_array.dtype, np.integer)):
+            raise ShardingError(f"mesh device ids must be integers, got {device_ids!r}")
+        ids = tuple(int(d) for d in ids_array.reshape(-1))
+        try:
+            shape = tuple(_as_int(s) for s in mesh_shape)
+        except TypeError:
+            raise ShardingError(f"mesh_shape must be a tuple of ints, got {mesh_shape!r}") from None
+        if not shape or any(s < 1 for s in shape):
+            raise ShardingError(f"mesh_shape {shape} must have at least one axis, each of size 1 or more")
+        if len(ids) != math.prod(shape):
+            raise ShardingError(
+                f"mesh_shape {shape} holds {math.prod(shape)} devices but {len(ids)} device ids were given; "
+                "give one id per mesh position"
+            )
+        if len(set(ids)) != len(ids):
+            dupes = sorted({d for d in ids if ids.count(d) > 1})
+            raise ShardingError(f"mesh device ids must be unique; {dupes} appear more than once")
+        outside = [d for d in ids if not 0 <= d < len(ids)]
+        if outside:
+            raise ShardingError(
+                f"mesh device ids {outside} are out of range: a mesh of {len(ids)} devices uses ids 0..{len(ids) - 1}"
+            )
+        names: tuple[str, ...] | None = None
+        if axis_names is not None:
+            if isinstance(axis_names, str):
+                raise ShardingError(f"axis_names must be a tuple of names, one per axis, got the string {axis_names!r}")
+            names = tuple(axis_names)
+            if len(names) != len(shape):
+                raise ShardingError(f"axis_names {names} must name each of the {len(shape)} mesh axes once")
+            if not all(isinstance(n, str) and n for n in names):
+                raise ShardingError(f"axis_names {names} must be non-empty strings")
+            if len(set(names)) != len(names):
+                raise ShardingError(f"axis_names {names} must be unique")
+        self.device_ids = np.array(ids, dtype=np.int64)
+        self.mesh_shape = shape
+        self.axis_names = names
+
+    # -- PyTorch/XLA's Mesh API ----------------------------------------------------------
+
+    def size(self) -> int:
+        """Number of devices in the mesh."""
+        return len(self.device_ids)
+
+    def shape(self) -> OrderedDict:
+        """Axis name (or index, if unnamed) to axis size, in axis order."""
+        keys = self.axis_names if self.axis_names is not None else range(len(self.mesh_shape))
+        return OrderedDict(zip(keys, self.mesh_shape))
+
+    def get_logical_mesh(self) -> np.ndarray:
+        """The device ids as an array of shape ``mesh_shape`` (row-major)."""
+        return self.device_ids.reshape(self.mesh_shape)
+
+    def get_axis_name_idx(self, name: str) -> int:
+        """The index of the axis called ``name``."""
+        if self.axis_names is None or name not in self.axis_names:
+            raise ShardingError(f"unknown mesh axis name {name!r}; the mesh axes are {self.axis_names}")
+        return self.axis_names.index(name)
+
+    def get_op_sharding(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> ShardingSpec:
+        """The :class:`ShardingSpec` a partition spec gives on this mesh (``str()`` of it is the HLO string).
+
+        PyTorch/XLA returns its C++ ``OpSharding`` here; we return our own
+        :class:`ShardingSpec`, which prints as the same HLO sharding string and
+        also answers shard geometry questions. ``rank``, if given, must equal
+        ``len(partition_spec)``.
+
+        >>> str(Mesh(range(4), (2, 2)).get_op_sharding((1, 0)))
+        '{devices=[2,2]0,2,1,3}'
+        """
+        return ShardingSpec.from_partition_spec(
+            self.mesh_shape, tuple(self.device_ids.tolist()), partition_spec, self.axis_names, rank=rank
+        )
+
+    def normalize_partition_spec(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> tuple:
+        """The spec as one tuple of axis indices per dimension; raises :class:`ShardingError` if invalid."""
+        return normalize_partition_spec(partition_spec, self.mesh_shape, self.axis_names, rank=rank)
+
+    # -- value semantics -----------------------------------------------------------------
+
+    def _key(self) -> tuple[Any, ...]:
+        return (tuple(self.device_ids.tolist()), self.mesh_shape, self.axis_names)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        names = f", axis_names={self.axis_names}" if self.axis_names is not None else ""
+        return f"Mesh(device_ids={self.device_ids.tolist()}, mesh_shape={self.mesh_shape}{names})"
+
+
+def get_1d_mesh(axis_name: str | None = None) -> Mesh:
+    """A 1-D mesh over every device of the virtual device (opens the active plugin's client).
+
+    Example (on a plugin with 8 devices)::
+
+        mesh = xs.get_1d_mesh("data")
+        mesh.mesh_shape   # (8,)
+    """
+    from ._device import virtual_device
+
+    count = virtual_device().num_devices
+    return Mesh(range(count), (count,), None if axis_name is None else (axis_name,))
+
+
+_global_mesh: Mesh | None = None
+_global_lock = threading.Lock()
+
+
+def set_global_mesh(mesh: Mesh | None) -> None:
+    """Remember ``mesh`` for code that asks :func:`get_global_mesh` (``None`` forgets it)."""
+    global _global_mesh
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"set_global_mesh expects a Mesh, got {type(mesh).__name__}")
+    with _global_lock:
+        _global_mesh = mesh
+
+
+def get_global_mesh() -> Mesh | None:
+    """The mesh given to :func:`set_global_mesh`, or ``None``."""
+    return _global_mesh

@@ -1,0 +1,533 @@
+"""XLAShardedTensor: the torch.Tensor subclass on ``pjrt:0``, its shards, and mark_sharding / clear_sharding.
+
+Handles only the data-model operators itself (aliases, copies to and from the
+CPU, filling deferred host data); every other operator goes to the execution
+engine (``pjrt_plugins.spmd._lazy.dispatch``). Never computes on the devices.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import EllipsisType
+from typing import Any
+
+import torch
+
+from ..errors import ShardingConflictError, ShardingError, SpmdDisabledError, UnsupportedOpError, VirtualDeviceError
+from . import _device, _transfer
+from ._data import TensorData, TensorState, host_empty
+from ._sharding import PartitionSpec, ShardingSpec, ShardingType
+from .mesh import Mesh
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["XLAShard", "XLAShardedTensor", "clear_sharding", "mark_sharding", "to_device", "unwrap", "wrap"]
+
+aten = torch.ops.aten
+
+
+@dataclass
+class XLAShard:
+    """One device's piece of an :class:`XLAShardedTensor`.
+
+    ``data`` is the (zero-padded) shard copied to the CPU, ``indices`` the
+    slices of the global tensor it covers (``...`` for a full replica),
+    ``shard_device`` the physical device (e.g. ``'cpu:3'``) and ``replica_id``
+    0 for tiled shards, the position in the replication group for partially
+    replicated ones and the device ordinal for replicated ones.
+    """
+
+    data: torch.Tensor
+    indices: tuple[slice, ...] | EllipsisType
+    shard_device: str
+    replica_id: int
+
+    @property
+    def unpadded_data(self) -> torch.Tensor:
+        """``data`` without the zero padding of a short tail shard."""
+        if self.indices is ...:
+            return self.data
+        return self.data[tuple(slice(0, s.stop - s.start) for s in self.indices)]
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+class XLAShardedTensor(torch.Tensor):
+    """A tensor on the virtual device ``pjrt:0`` that behaves like the unpartitioned tensor.
+
+    Every tensor on ``pjrt`` is one of these, sharded or not: ``t.to("pjrt")``,
+    ``module.to("pjrt")`` and ``torch.zeros(..., device="pjrt")`` make them, and
+    :func:`mark_sharding` annotates them in place. Shape, dtype and ``repr``
+    are the global tensor's; ``.cpu()`` gathers it.
+
+    Example (8 devices)::
+
+        import torch, pjrt_plugins.spmd as xs
+        t = torch.arange(16.).reshape(4, 4).to("pjrt")          # deferred: nothing uploaded
+        xs.mark_sharding(t, xs.Mesh(range(8), (2, 4)), (0, 1))  # one 2x1 shard per device
+        t.sharding_spec              # '{devices=[2,4]0,1,2,3,4,5,6,7}'
+        t.local_shards[5].indices    # (slice(2, 4), slice(1, 2))
+        t.cpu()                      # the whole 4x4 tensor again
+    """
+
+    _pjrt_data: TensorData
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, elem: Any, *, requires_grad: bool = False) -> XLAShardedTensor:
+        if isinstance(elem, TensorData):
+            data = elem
+        elif isinstance(elem, XLAShardedTensor):
+            data = elem._pjrt_data
+        elif isinstance(elem, torch.Tensor):
+            if elem.device.type != "cpu":
+                raise VirtualDeviceError(f"XLAShardedTensor wraps CPU or pjrt tensors, not one on {elem.device}")
+            data = TensorData.from_host(elem)
+        else:
+            raise TypeError(f"XLAShardedTensor wraps a tensor, got {type(elem).__name__}")
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            data.shape,
+            strides=_contiguous_strides(data.shape),
+            dtype=data.dtype,
+            device=_device.TORCH_DEVICE,
+            requires_grad=requires_grad,
+        )
+        r._pjrt_data = data
+        return r
+
+    # -- what PyTorch/XLA users read -------------------------------------------------------
+
+    @property
+    def sharding(self) -> ShardingSpec | None:
+        """The declared sharding as a :class:`ShardingSpec`, or ``None``."""
+        return self._pjrt_data.annotation
+
+    @property
+    def sharding_spec(self) -> str:
+        """The HLO sharding string, e.g. ``'{devices=[2,4]0,1,2,3,4,5,6,7}'``; ``''`` if none is declared."""
+        spec = self._pjrt_data.annotation
+        return spec.to_hlo() if spec is not None else ""
+
+    @property
+    def sharding_type(self) -> ShardingType | None:
+        """REPLICATED, TILED, PARTIAL or MAXIMAL (a :class:`ShardingType`), or ``None`` if none is declared."""
+        spec = self._pjrt_data.annotation
+        return spec.type if spec is not None else None
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...] | None:
+        """Shape of the mesh given to :func:`mark_sharding`, or ``None``."""
+        mark = self._pjrt_data_mark()
+        return mark[0].mesh_shape if mark else None
+
+    @property
+    def partition_spec(self) -> tuple | None:
+        """The partition spec given to :func:`mark_sharding`, or ``None``."""
+        mark = self._pjrt_data_mark()
+        return mark[1] if mark else None
+
+    def _pjrt_data_mark(self) -> tuple[Mesh, tuple] | None:
+        data = self._pjrt_data
+        return data.mark if data.annotation is not None else None
+
+    @property
+    def global_tensor(self) -> torch.Tensor:
+        """The whole tensor, gathered to a new CPU tensor."""
+        return to_cpu(self)
+
+    @property
+    def local_shards(self) -> list[XLAShard]:
+        """Each device's shard, copied to the CPU, in device order (uploads deferred data first)."""
+        data = self._pjrt_data
+        materialize([data])
+        if data.state is TensorState.HOST:
+            _transfer.upload(data, data.annotation)
+        vd = _device.virtual_device()
+        assert data.sharding is not None
+        return [
+            XLAShard(_transfer.download_shard(data, s.device), s.indices, vd.device_name(s.device), s.replica_id)
+            for s in data.sharding.shards(data.shape, vd.device_ids)
+        ]
+
+    # -- behaving like a plain tensor --------------------------------------------------------
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        data = self._pjrt_data
+        text = repr(to_cpu(self))
+        inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
+        extras = [f"device='{_device.TORCH_DEVICE}'"]
+        if data.annotation is not None:
+            extras.append(f"sharding='{data.annotation}'")
+        if self.grad_fn is not None:
+            extras.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self.requires_grad:
+            extras.append("requires_grad=True")
+        return f"XLAShardedTensor({inner}, {', '.join(extras)})"
+
+    def tolist(self) -> Any:
+        """Gather and convert to nested Python lists (as for CPU tensors)."""
+        return to_cpu(self).tolist()
+
+    @property
+    def data(self) -> torch.Tensor:  # type: ignore[override]
+        return torch._C.TensorBase.data.__get__(self)  # type: ignore[attr-defined]
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # torch's setter swaps the C++ tensor but not our Python attribute; keep both in step.
+        if not isinstance(value, XLAShardedTensor):
+            raise VirtualDeviceError(
+                f"cannot set .data of a pjrt tensor to a tensor on {value.device}; move it with .to('pjrt') first"
+            )
+        torch._C.TensorBase.data.__set__(self, value)  # type: ignore[attr-defined]
+        self._pjrt_data = value._pjrt_data
+
+    def __deepcopy__(self, memo: dict) -> XLAShardedTensor:
+        if id(self) in memo:
+            return memo[id(self)]
+        data = self._pjrt_data
+        materialize([data])
+        new = TensorData.from_host(_transfer.gather(data), copy=False)
+        new.annotation, new.mark = data.annotation, data.mark
+        result = wrap(new, requires_grad=self.requires_grad)
+        for key, value in self.__dict__.items():
+            if key != "_pjrt_data":
+                setattr(result, key, _copy.deepcopy(value, memo))
+        memo[id(self)] = result
+        return result
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        # torch.save / pickle: the gathered value, restored as deferred pjrt data (declared
+        # shardings are not kept: mark again after loading). torch's own rebuild function,
+        # so torch.load(weights_only=True) accepts it.
+        rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor  # type: ignore[attr-defined]
+        return (rebuild, (to_cpu(self), self.dtype, str(_device.TORCH_DEVICE), self.requires_grad))
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            result = handler(func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        return _route_to_engine(func, types, args, kwargs)
+
+
+# -- wrapping ------------------------------------------------------------------------------
+
+
+def wrap(data: TensorData, requires_grad: bool = False) -> XLAShardedTensor:
+    """A new wrapper (tensor object) for ``data``; wrappers of the same data alias each other."""
+    return XLAShardedTensor(data, requires_grad=requires_grad)
+
+
+def unwrap(tensor: torch.Tensor) -> TensorData:
+    """The :class:`TensorData` behind a pjrt tensor; raises VirtualDeviceError for other tensors."""
+    if isinstance(tensor, XLAShardedTensor):
+        return tensor._pjrt_data
+    device = getattr(tensor, "device", None)
+    raise VirtualDeviceError(
+        f"expected a tensor on the virtual device {_device.TORCH_DEVICE}, got "
+        f"{type(tensor).__name__} on {device}; move it with .to('pjrt') or xs.to_device(...)"
+    )
+
+
+def is_pjrt_tensor(value: Any) -> bool:
+    return isinstance(value, XLAShardedTensor)
+
+
+# -- materialization -------------------------------------------------------------------------
+
+
+def materialize(datas: Sequence[TensorData]) -> None:
+    """Turn LAZY ``datas`` into DEVICE state through the execution engine (no-op for the others)."""
+    pending = [d for d in datas if d.state is TensorState.LAZY]
+    if not pending:
+        return
+    engine = _device._lazy_module()
+    if engine is None:  # pragma: no cover - lazy values exist only when the engine does
+        raise VirtualDeviceError("a pending graph value exists but the execution engine is missing")
+    engine.materialize(pending)
+
+
+def to_cpu(tensor: XLAShardedTensor) -> torch.Tensor:
+    """The global value of a pjrt tensor as a new CPU tensor (runs pending work, gathers shards)."""
+    data = unwrap(tensor)
+    materialize([data])
+    return _transfer.gather(data)
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` for a pjrt ``dst`` and a CPU ``src``: ``dst`` becomes deferred host data."""
+    data = unwrap(dst)
+    if isinstance(src, XLAShardedTensor):
+        sdata = src._pjrt_data
+        if sdata.state is not TensorState.HOST:
+            return _route_to_engine(aten.copy_.default, (type(dst),), (dst, src), {})
+        src = sdata.host
+    if src.device.type != "cpu":
+        raise VirtualDeviceError(f"copy into a pjrt tensor from {src.device}: copy to the CPU first")
+    host = host_empty(data.shape, data.dtype)
+    host.copy_(src)
+    data.set_host(host, copy=False)
+    return dst
+
+
+# -- data-model operators ---------------------------------------------------------------------
+
+Handler = Callable[[Any, tuple, dict], Any]
+_HANDLERS: dict[Any, Handler] = {}
+
+
+def _handles(*ops: Any) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for op in ops:
+            _HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+@_handles(aten.detach.default, aten.alias.default)
+def _alias(func: Any, args: tuple, kwargs: dict) -> Any:
+    return wrap(unwrap(args[0]))
+
+
+@_handles(aten.lift_fresh.default)
+def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
+    return args[0]  # torch.tensor(..., device="pjrt") marks its fresh result; nothing to do
+
+
+@_handles(aten._to_copy.default)
+def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    src = args[0]
+    data = unwrap(src)
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype") or data.dtype
+    if device is not None and torch.device(device).type == "cpu":
+        out = to_cpu(src)
+        memory_format = kwargs.get("memory_format") or torch.preserve_format
+        return out.to(dtype=dtype, memory_format=memory_format)
+    if device is not None and torch.device(device).type == "meta":
+        return torch.empty(data.shape, dtype=dtype, device="meta")
+    if device is not None and torch.device(device).type != _device.DEVICE_TYPE:
+        raise VirtualDeviceError(f"cannot copy a pjrt tensor to {device} directly; go through .cpu()")
+    _device.check_torch_device(device)
+    if data.state is TensorState.HOST:
+        assert data.host is not None
+        converted = data.host.to(dtype)
+        return wrap(TensorData.from_host(converted, copy=converted is data.host))
+    return NotImplemented
+
+
+@_handles(aten.copy_.default)
+def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    if isinstance(dst, XLAShardedTensor):
+        if isinstance(src, XLAShardedTensor) and src._pjrt_data.state is not TensorState.HOST:
+            return NotImplemented
+        if dst._pjrt_data.state is TensorState.LAZY:
+            return NotImplemented  # (issue 6) a pending dst may be a view: the engine writes through to its base
+        return copy_into(dst, src)
+    dst.copy_(to_cpu(src))
+    return dst
+
+
+@_handles(aten.zero_.default, aten.fill_.Scalar, aten.fill_.Tensor)
+def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
+    data = unwrap(args[0])
+    if data.state is not TensorState.HOST:
+        return NotImplemented
+    rest = list(args[1:])
+    if rest and isinstance(rest[0], XLAShardedTensor):
+        value = rest[0]._pjrt_data
+        if value.state is not TensorState.HOST:
+            return NotImplemented
+        rest[0] = value.host
+    assert data.host is not None
+    getattr(data.host, func.overloadpacket.__name__)(*rest, **kwargs)
+    data.version += 1
+    data.uninitialized = False
+    return args[0]
+
+
+@_handles(aten.clone.default)
+def _clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    data = unwrap(args[0])
+    if data.state is not TensorState.HOST:
+        return NotImplemented
+    assert data.host is not None
+    return wrap(TensorData.from_host(data.host))
+
+
+@_handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default)
+def _empty_like(func: Any, args: tuple, kwargs: dict) -> Any:
+    base = unwrap(args[0])
+    shape = base.shape if func is aten.empty_like.default else tuple(args[1])
+    dtype = kwargs.get("dtype") or base.dtype
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != _device.DEVICE_TYPE:
+        return torch.empty(shape, dtype=dtype, device=device)
+    _device.check_torch_device(device)
+    return wrap(TensorData.empty(shape, dtype))
+
+
+@_handles(aten._local_scalar_dense.default)
+def _item(func: Any, args: tuple, kwargs: dict) -> Any:
+    return to_cpu(args[0]).item()
+
+
+@_handles(aten.is_pinned.default)
+def _is_pinned(func: Any, args: tuple, kwargs: dict) -> Any:
+    return False
+
+
+def _route_to_engine(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+    engine = _device._lazy_module()
+    if engine is None:
+        raise UnsupportedOpError(
+            str(func),
+            f"operator {func} is not supported on the pjrt device yet: running torch operators there needs "
+            "the execution engine (pjrt_plugins.spmd._lazy), which this build does not have. "
+            "Move the tensors to the CPU with .cpu() to compute on them.",
+        )
+    return engine.dispatch(func, types, args, kwargs)
+
+
+# -- annotation --------------------------------------------------------------------------------
+
+def _as_mesh(mesh: Mesh | Sequence[int], vd: _device.VirtualDevice) -> Mesh:
+    if isinstance(mesh, Mesh):
+        return mesh
+    if isinstance(mesh, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in mesh):
+        # The RFC's form: a mesh shape over all devices, in ordinal order.
+        size = math.prod(mesh)
+        if size != vd.num_devices:
+            raise ShardingError(
+                f"mesh shape {tuple(mesh)} covers {size} devices but the virtual device stands for "
+                f"{vd.num_devices} ({_plugin_label(vd)}); the mesh must cover every device"
+            )
+        return Mesh(range(size), tuple(mesh))
+    raise TypeError(f"mark_sharding expects a Mesh or a mesh shape (tuple of ints), got {mesh!r}")
+
+
+def _plugin_label(vd: _device.VirtualDevice) -> str:
+    return f"plugin {getattr(vd.plugin, 'name', None) or type(vd.plugin).__name__!r}"
+
+
+def mark_sharding(
+    t: torch.Tensor,
+    mesh: Mesh | Sequence[int],
+    partition_spec: PartitionSpec,
+    use_dynamo_custom_op: bool = False,
+) -> XLAShardedTensor:
+    """Declare how ``t`` is split over ``mesh`` and upload each device's shard (and nothing more).
+
+    ``t`` must be on ``pjrt`` (``t.to("pjrt")``); it is annotated in place and
+    returned. ``mesh`` is a :class:`Mesh` or, as in the RFC, a mesh shape over
+    all devices. ``partition_spec`` has one entry per dimension of ``t``: a mesh
+    axis index, an axis name, a tuple of those (merged, in order) or ``None``.
+
+    Re-marking with the same sharding is a no-op; marking over a replicated
+    sharding re-shards; any other existing sharding raises
+    :class:`~pjrt_plugins.errors.ShardingConflictError` until
+    :func:`clear_sharding`. A pending (lazy) tensor only records the
+    annotation; the execution engine applies it.
+
+    Example (8 devices)::
+
+        mesh = xs.Mesh(range(8), (4, 2), ("data", "model"))
+        x = xs.mark_sharding(torch.randn(8, 32).to("pjrt"), mesh, ("data", None))
+        x.sharding_type      # ShardingType.PARTIAL: 4-way split, replicated over "model"
+        linear = torch.nn.Linear(32, 10).to("pjrt")
+        xs.mark_sharding(linear.weight, mesh, (None, "model"))   # in place: still the Parameter
+        xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), (4, 2), (0, 1))   # the RFC's mesh-shape form
+    """
+    if use_dynamo_custom_op:
+        raise NotImplementedError("use_dynamo_custom_op=True (torch.compile sharding ops) is not supported")
+    data = unwrap(t)
+    vd = _device.virtual_device()
+    if not vd.spmd:
+        raise SpmdDisabledError(
+            "mark_sharding needs SPMD mode, which is off (XLA_USE_SPMD=0): the virtual device is a single "
+            "device. Call pjrt_plugins.spmd.use_spmd() or set XLA_USE_SPMD=1 before using the pjrt device."
+        )
+    mesh = _as_mesh(mesh, vd)
+    if mesh.size() != vd.num_devices:
+        raise ShardingError(
+            f"{mesh!r} covers {mesh.size()} devices but the virtual device stands for {vd.num_devices} "
+            f"({_plugin_label(vd)}); build the mesh over all {vd.num_devices} devices"
+        )
+    spec = mesh.get_op_sharding(partition_spec, rank=t.dim())
+    spec.check_devices(vd.device_ids)
+    current = data.annotation
+    if current == spec:
+        data.mark = (mesh, tuple(partition_spec))
+        return t  # type: ignore[return-value]
+    if current is not None and current.type is not ShardingType.REPLICATED:
+        raise ShardingConflictError(
+            f"the tensor already has sharding {current}; it cannot be re-marked as {spec}. "
+            "Call xs.clear_sharding(t) first (re-marking with the same sharding, or over a replicated one, is allowed)"
+        )
+    if data.state is TensorState.DEVICE:
+        _transfer.check_current(data, vd)
+    data.annotation = spec
+    data.mark = (mesh, tuple(partition_spec))
+    if data.state is TensorState.LAZY:
+        engine = _device._lazy_module()
+        hook = getattr(engine, "on_mark_sharding", None)
+        if hook is not None:
+            hook(data)
+    else:
+        _transfer.upload(data, spec)
+    logger.debug("marked %r", data)
+    return t  # type: ignore[return-value]
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Forget ``t``'s declared sharding (its shards stay where they are); returns ``t``.
+
+    Afterwards ``t`` may be marked with any sharding.
+
+    Example::
+
+        xs.mark_sharding(t, mesh, (0, 1))
+        xs.mark_sharding(t, mesh, (1, 0))   # ShardingConflictError: already {devices=[...]...}
+        xs.clear_sharding(t)                # t.sharding_spec == ''
+        xs.mark_sharding(t, mesh, (1, 0))   # re-shards
+    """
+    data = unwrap(t)
+    data.annotation = None
+    data.mark = None
+    return t
+
+
+def to_device(obj: Any) -> Any:
+    """Place a CPU tensor or an ``nn.Module``'s parameters and buffers on ``pjrt:0`` (nothing is uploaded).
+
+    The same as ``obj.to("pjrt")``, which also works; returns the tensor or the module.
+
+    Example::
+
+        model = xs.to_device(torch.nn.Linear(4, 2))   # parameters are deferred host data
+        model.weight.device                           # device(type='pjrt', index=0)
+        model = torch.nn.Linear(4, 2).to("pjrt")      # the same
+    """
+    if isinstance(obj, torch.nn.Module):
+        return obj.to(_device.TORCH_DEVICE)
+    if isinstance(obj, torch.Tensor):
+        return obj.to(_device.TORCH_DEVICE)
+    raise TypeError(f"to_device expects a tensor or an nn.Module, got {type(obj).__name__}")

@@ -1,0 +1,51 @@
+"""Fixtures for the SPMD tests: the virtual device on the real CPU plugin (8 devices) or the stub (4)."""
+
+from __future__ import annotations
+
+import pytest
+
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd import _device
+
+#: (plugin name, client options) for each device fixture.
+DEVICE_SETUPS = {
+    "cpu8": ("cpu", {"cpu_device_count": 8}),
+    "stub4": ("stub_neuron", {"num_devices": 4}),
+}
+
+
+def _use(name: str) -> xs.VirtualDevice:
+    plugin, options = DEVICE_SETUPS[name]
+    _device.set_spmd(True)
+    xs.set_plugin(plugin, options=options)
+    vd = xs.virtual_device()
+    xs.reset_transfer_counters()
+    return vd
+
+
+@pytest.fixture
+def cpu8() -> xs.VirtualDevice:
+    """pjrt:0 over the OpenXLA CPU plugin with 8 devices (SPMD on)."""
+    return _use("cpu8")
+
+
+@pytest.fixture
+def stub4() -> xs.VirtualDevice:
+    """pjrt:0 over the stub Neuron plugin with 4 devices: transfers only, no compiler."""
+    return _use("stub4")
+
+
+@pytest.fixture(params=sorted(DEVICE_SETUPS))
+def any_device(request: pytest.FixtureRequest) -> xs.VirtualDevice:
+    """Each of the device setups in turn (for transfer-only behaviour)."""
+    return _use(request.param)
+
+
+@pytest.fixture
+def fresh_device_state(monkeypatch: pytest.MonkeyPatch):
+    """Forget plugin / SPMD choices before and after the test (for tests that change the mode)."""
+    monkeypatch.delenv(_device.USE_SPMD_ENV, raising=False)
+    _device._reset_choices()
+    xs.reset_transfer_counters()
+    yield
+    _device._reset_choices()
