@@ -39,6 +39,7 @@ __all__ = [
     "TorchStoreKV",
     "create_client",
     "default_store",
+    "describe_store",
     "process_info",
 ]
 
@@ -112,18 +113,17 @@ def process_info(plugin: DevicePlugin | str | None = None) -> ProcessInfo:
     else:
         rank = env_int("RANK", default=local_rank)
         world_size = env_int("WORLD_SIZE", default=local_world_size)
-    info = ProcessInfo(rank, world_size, local_rank, local_world_size, plugin.host_index())
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise DistributedSetupError(
-            f"rank {rank} is outside the world size {world_size} (RANK / WORLD_SIZE, or the process group); "
-            "launch with torchrun or set both consistently"
-        )
     if local_world_size < 1 or not 0 <= local_rank < local_world_size:
         raise DistributedSetupError(
             f"local rank {local_rank} is outside the local world size {local_world_size} "
             "(PJRT_LOCAL_PROCESS_RANK / LOCAL_RANK and PJRT_LOCAL_PROCESS_COUNT / LOCAL_WORLD_SIZE)"
         )
-    return info
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DistributedSetupError(
+            f"rank {rank} is outside the world size {world_size} (RANK / WORLD_SIZE, or the process group); "
+            "launch with torchrun or set both consistently"
+        )
+    return ProcessInfo(rank, world_size, local_rank, local_world_size, plugin.host_index())
 
 
 # -- the store -------------------------------------------------------------------------
@@ -168,8 +168,9 @@ def default_store(timeout: float = DEFAULT_STORE_TIMEOUT_S) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's text (torch appends C++ stack traces), without its final period."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
 def describe_store(store: Any) -> str:
@@ -226,7 +227,10 @@ class TorchStoreKV:
         if store is None:
             try:
                 store = self.store.clone()
-            except Exception as exc:  # noqa: BLE001 - a store without clone() is shared, with the risk above
+            except Exception as exc:
+                if _is_network_error(exc):  # the server is unreachable: that is the error to report
+                    raise
+                # A store without clone() (a Python subclass) is shared between threads, with the risk above.
                 logger.debug("%s cannot be cloned (%s); sharing one connection between threads", self.address, exc)
                 store = self.store
             self._local.store = store
@@ -244,7 +248,10 @@ class TorchStoreKV:
         """Wait up to ``timeout_ms`` (the store default if not positive) for ``key``; TimeoutError names it."""
         full_key = self.prefix + key
         timeout = timeout_ms / 1000.0 if timeout_ms > 0 else self.default_timeout
-        store = self._connection()
+        try:
+            store = self._connection()
+        except Exception as exc:
+            raise self._failure("get", key, exc) from exc
         start = time.monotonic()
         deadline = start + timeout
         logger.debug("kv get %r: waiting up to %.3f s", full_key, timeout)
@@ -277,8 +284,8 @@ class TorchStoreKV:
     def try_get(self, key: str) -> bytes | None:
         """The value under ``key`` now, or ``None``."""
         full_key = self.prefix + key
-        store = self._connection()
         try:
+            store = self._connection()
             if not store.check([full_key]):
                 logger.debug("kv try_get %r: absent", full_key)
                 return None
@@ -360,7 +367,8 @@ def create_client(
     kv: TorchStoreKV | None = None
     if store is not None or (info.is_multiprocess and (plugin.requires_coordinator() or "num_nodes" in schema)):
         prefix = namespace if namespace is not None else _next_namespace(name)
-        kv = TorchStoreKV(store if store is not None else default_store(timeout), prefix=prefix, default_timeout=timeout)
+        base = store if store is not None else default_store(timeout)
+        kv = TorchStoreKV(base, prefix=prefix, default_timeout=timeout)
         logger.info(
             "plugin %s: rank %d of %d (host %d, local rank %d of %d), KV keys under %r in the %s",
             name, info.rank, info.world_size, info.host_index, info.local_rank, info.local_world_size,

@@ -18,6 +18,7 @@ logger = logging.getLogger(__name__)
 
 _CANCELLED = 1
 _UNKNOWN = 2
+_UNAVAILABLE = 14
 _INVALID_ARGUMENT = 3
 _DEADLINE_EXCEEDED = 4
 _NOT_FOUND = 5
@@ -64,6 +65,8 @@ def _code_for(exc: BaseException) -> int:
         return _INVALID_ARGUMENT
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return _CANCELLED
+    if isinstance(exc, ConnectionError):
+        return _UNAVAILABLE
     return _UNKNOWN
 
 
