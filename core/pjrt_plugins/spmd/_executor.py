@@ -1,0 +1,654 @@
+"""Compile lowered graphs through the active plugin (cached by graph structure), run them, count it all.
+
+Compiles with ``num_partitions`` = device count and SPMD partitioning on, reads back the
+output shardings the partitioner chose, and executes with each device's shards. Never
+records ops (that is ``_lazy``) and never gathers results to the host itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from ..errors import LoweringError
+from ._lowering import (
+    LoweredModule,
+    ScalarSlot,
+    LoweringOptions,
+    lower_graph,
+    op_name,
+    sharding_string,
+)
+from ._sharding import ShardingSpec, parse_sharding, parse_tuple_sharding
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming a directory where compiled executables persist across processes.
+CACHE_DIR_ENV = "PJRT_PLUGINS_CACHE_DIR"
+#: Compiled programs kept in memory (least recently used ones are dropped beyond this).
+MEMORY_CACHE_SIZE = 256
+
+_FIELD_ALLOW_PROPAGATION_TO_OUTPUT = 12  # ExecutableBuildOptionsProto.allow_spmd_sharding_propagation_to_output
+_FIELD_EXECUTABLE_BUILD_OPTIONS = 3  # CompileOptionsProto.executable_build_options
+
+
+# =====================================================================================
+# metrics
+# =====================================================================================
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Counters of the execution engine since the last :func:`reset_metrics`.
+
+    ``compiles``: programs compiled by the plugin; ``cache_hits``: compiles avoided by the
+    in-memory cache; ``persistent_cache_hits``: executables loaded from the cache directory;
+    ``executions``: programs run; ``bytes_uploaded`` / ``bytes_downloaded``: host<->device
+    bytes over all devices (from the transfer counters); ``fallbacks``: ops run on the CPU
+    because the fallback was enabled; ``*_seconds``: wall time spent in each phase.
+    """
+
+    compiles: int = 0
+    cache_hits: int = 0
+    persistent_cache_hits: int = 0
+    executions: int = 0
+    bytes_uploaded: int = 0
+    bytes_downloaded: int = 0
+    fallbacks: int = 0
+    ops_recorded: int = 0
+    lowering_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    execute_seconds: float = 0.0
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+
+    def report(self) -> str:
+        """A short text report, one counter per line."""
+        lines = [
+            f"compiles:              {self.compiles}",
+            f"cache hits:            {self.cache_hits}",
+            f"persistent cache hits: {self.persistent_cache_hits}",
+            f"executions:            {self.executions}",
+            f"ops recorded:          {self.ops_recorded}",
+            f"bytes uploaded:        {self.bytes_uploaded:,}",
+            f"bytes downloaded:      {self.bytes_downloaded:,}",
+            f"cpu fallbacks:         {self.fallbacks}",
+            f"lowering time:         {self.lowering_seconds:.3f} s",
+            f"compile time:          {self.compile_seconds:.3f} s",
+            f"execute time:          {self.execute_seconds:.3f} s",
+        ]
+        if self.fallback_ops:
+            ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items()))
+            lines.append(f"fallback ops:          {ops}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.values: dict[str, Any] = {}
+        self.reset(baseline=False)
+
+    def reset(self, baseline: bool = True) -> None:
+        """Zero the counters; byte counts restart from the transfer counters' current totals."""
+        with self.lock:
+            self.values = {f.name: (0.0 if f.type == "float" else 0) for f in fields(Metrics) if f.name not in
+                           ("bytes_uploaded", "bytes_downloaded", "fallback_ops")}
+            self.values["fallback_ops"] = {}
+            self.upload_base, self.download_base = _transfer_totals() if baseline else (0, 0)
+
+    def add(self, name: str, amount: float = 1) -> None:
+        with self.lock:
+            self.values[name] += amount
+
+    def add_fallback(self, op: str) -> None:
+        with self.lock:
+            self.values["fallbacks"] += 1
+            ops = self.values["fallback_ops"]
+            ops[op] = ops.get(op, 0) + 1
+
+    def snapshot(self) -> Metrics:
+        up, down = _transfer_totals()
+        with self.lock:
+            values = dict(self.values)
+            values["fallback_ops"] = dict(values["fallback_ops"])
+            # The transfer counters may have been reset since our baseline: then count from zero.
+            up = up - self.upload_base if up >= self.upload_base else up
+            down = down - self.download_base if down >= self.download_base else down
+            return Metrics(bytes_uploaded=up, bytes_downloaded=down, **values)
+
+
+def _transfer_totals() -> tuple[int, int]:
+    from ._transfer import transfer_counters
+
+    c = transfer_counters()
+    return c.total_uploaded, c.total_downloaded
+
+
+_counters: _Counters | None = None
+_counters_lock = threading.Lock()
+
+
+def _metrics() -> _Counters:
+    global _counters
+    if _counters is None:
+        with _counters_lock:
+            if _counters is None:
+                _counters = _Counters()
+    return _counters
+
+
+def metrics() -> Metrics:
+    """A snapshot of the execution counters (compiles, cache hits, executions, bytes, fallbacks)."""
+    return _metrics().snapshot()
+
+
+def reset_metrics() -> None:
+    """Zero the execution counters (the transfer counters are not touched)."""
+    _metrics().reset()
+
+
+def metrics_report() -> str:
+    """:func:`metrics` as a short text report."""
+    return metrics().report()
+
+
+def count(name: str, amount: float = 1) -> None:
+    """Add to one counter (used by the lazy tracer)."""
+    _metrics().add(name, amount)
+
+
+def count_fallback(op: str) -> None:
+    _metrics().add_fallback(op)
+
+
+# =====================================================================================
+# the compile cache
+# =====================================================================================
+
+
+@dataclass
+class CompiledProgram:
+    """A compiled graph: the executable and what goes in and out of it.
+
+    ``input_shardings`` are the shardings the graph's inputs must have (one per
+    placeholder, then the RNG key if ``lowered.uses_rng``); ``output_shardings`` are
+    the ones the partitioner chose for the outputs.
+    """
+
+    key: str
+    lowered: LoweredModule
+    executable: Any
+    input_shardings: list[ShardingSpec]
+    output_shardings: list[ShardingSpec]
+    device_order: list[int]  # ordinal of the device at each position of executable.addressable_devices
+    from_disk: bool = False
+
+    @property
+    def uses_rng(self) -> bool:
+        return self.lowered.uses_rng
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.lowered.output_shapes)
+
+
+class _ProgramCache:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.programs: OrderedDict[str, CompiledProgram] = OrderedDict()
+
+    def get(self, key: str) -> CompiledProgram | None:
+        with self.lock:
+            program = self.programs.get(key)
+            if program is not None:
+                self.programs.move_to_end(key)
+            return program
+
+    def put(self, program: CompiledProgram) -> None:
+        with self.lock:
+            self.programs[program.key] = program
+            self.programs.move_to_end(program.key)
+            while len(self.programs) > MEMORY_CACHE_SIZE:
+                self.programs.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.programs.clear()
+
+
+_cache = _ProgramCache()
+_last_program: CompiledProgram | None = None
+_cache_dir: Path | None = None
+_cache_dir_set = False
+
+
+def clear_compile_cache() -> None:
+    """Forget every compiled program held in memory (the cache directory is kept)."""
+    _cache.clear()
+
+
+def compiled_programs() -> int:
+    """How many compiled programs the in-memory cache holds."""
+    return len(_cache.programs)
+
+
+def last_program() -> CompiledProgram | None:
+    """The program the last materialization ran (its ``lowered.text`` is the StableHLO), or None."""
+    return _last_program
+
+
+def set_cache_dir(path: str | os.PathLike[str] | None) -> None:
+    """Persist compiled executables in ``path`` (``None``: only in memory; default: ``$PJRT_PLUGINS_CACHE_DIR``).
+
+    Entries are keyed by graph structure, plugin and plugin version, and hold the
+    plugin's serialized executable; a plugin that cannot deserialize one just compiles.
+    """
+    global _cache_dir, _cache_dir_set
+    _cache_dir = Path(path) if path is not None else None
+    _cache_dir_set = True
+
+
+def cache_dir() -> Path | None:
+    if _cache_dir_set:
+        return _cache_dir
+    raw = os.environ.get(CACHE_DIR_ENV)
+    return Path(raw) if raw else None
+
+
+def lowering_options(vd: Any) -> LoweringOptions:
+    """What the lowering takes from the active plugin: its gather factor, RNG default and StableHLO version."""
+    plugin = vd.plugin
+    version = None
+    try:
+        attrs = vd.client.library.attributes
+        v = attrs.get("stablehlo_current_version")
+        if v is not None:
+            version = ".".join(str(int(p)) for p in v)
+    except Exception as exc:  # noqa: BLE001 - a plugin without attributes gets jaxlib's own version
+        logger.debug("no StableHLO version from the plugin: %s", exc)
+    return LoweringOptions(
+        num_partitions=len(vd.devices),
+        dense_gather_factor=int(plugin.dense_gather_factor()),
+        rng_algorithm=plugin.rng_default(),
+        target_version=version,
+    )
+
+
+def plugin_identity(vd: Any) -> tuple:
+    """Everything about the plugin a compiled program depends on."""
+    plugin = vd.plugin
+    client = vd.client
+    return (
+        getattr(plugin, "name", None) or type(plugin).__name__,
+        getattr(plugin, "distribution", None),
+        getattr(plugin, "distribution_version", None),
+        getattr(client, "platform_name", None),
+        getattr(client, "platform_version", None),
+        str(getattr(client.library, "path", "")),
+        tuple(vd.device_assignment),
+    )
+
+
+def _const_repr(value: Any) -> Any:
+    if isinstance(value, ScalarSlot):
+        return ("slot", value.index)  # its value is an input, not part of the program
+    if isinstance(value, float):
+        return ("f", value.hex()) if math.isfinite(value) else ("f", repr(value))
+    if isinstance(value, (bool, int, str, type(None))):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    if isinstance(value, ShardingSpec):
+        return value.to_hlo()
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        return ("tensor", str(t.dtype), tuple(t.shape), hashlib.sha1(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+                if t.numel() else "")
+    return repr(value)
+
+
+def graph_signature(graph: fx.Graph) -> list:
+    """The structure of ``graph``: ops, constants, shapes, dtypes and shardings, with nodes as positions."""
+    index: dict[fx.Node, int] = {}
+    parts: list = []
+    for i, node in enumerate(graph.nodes):
+        index[node] = i
+
+        def ref(a: Any) -> Any:
+            return ("%", index[a]) if isinstance(a, fx.Node) else _const_repr(a)
+
+        val = node.meta.get("val")
+        vals = pytree.tree_leaves(val) if val is not None else []
+        meta = tuple((tuple(v.shape), str(v.dtype)) for v in vals if isinstance(v, torch.Tensor))
+        sharding = sharding_string(node.meta.get("sharding"))
+        if node.op == "get_attr":
+            from ._lowering._module import _fetch_attr
+
+            parts.append(("const", _const_repr(_fetch_attr(node))))
+            continue
+        target = op_name(node.target) if node.op == "call_function" else str(node.op)
+        args = pytree.tree_map(ref, (node.args, dict(sorted(node.kwargs.items()))))
+        if node.op == "placeholder":
+            args = None
+        parts.append((node.op, target, args, meta, sharding))
+    return parts
+
+
+def program_key(graph: fx.Graph, options: LoweringOptions, identity: tuple, signature: Any = None) -> str:
+    """A hex digest naming a compiled program (graph structure + lowering options + plugin).
+
+    ``signature``, when given, stands for the graph's structure (the lazy tracer builds one
+    while recording, which is cheaper than walking the graph).
+    """
+    structure = graph_signature(graph) if signature is None else ("recorded", signature)
+    text = repr((structure, options, identity))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compile_options_bytes(num_partitions: int, device_assignment: Sequence[int]) -> bytes:
+    """Serialized CompileOptionsProto: SPMD on, one replica, outputs' shardings left to propagation.
+
+    The runtime's CompileOptions has no field for ``allow_spmd_sharding_propagation_to_output``;
+    protobuf merges a second ``executable_build_options`` message into the first, so we append one
+    holding just that field.
+    """
+    from ..runtime import CompileOptions
+    from ..runtime._proto import message_field, packed_ints
+
+    options = CompileOptions(
+        num_replicas=1,
+        num_partitions=num_partitions,
+        use_spmd_partitioning=num_partitions > 1,
+        device_assignment=[list(device_assignment)],
+    )
+    extra = packed_ints(_FIELD_ALLOW_PROPAGATION_TO_OUTPUT, [1])
+    return options.serialize() + message_field(_FIELD_EXECUTABLE_BUILD_OPTIONS, extra)
+
+
+def compile_graph(graph: fx.Graph, vd: Any = None, *, options: LoweringOptions | None = None,
+                  signature: Any = None) -> CompiledProgram:
+    """The compiled program for ``graph`` on the virtual device (from the cache when it was seen before).
+
+    ``signature`` (optional) is a hashable-by-repr description that determines the graph
+    (see :func:`program_key`).
+    """
+    global _last_program
+    vd = vd if vd is not None else _virtual_device()
+    options = options or lowering_options(vd)
+    key = program_key(graph, options, plugin_identity(vd), signature)
+    program = _cache.get(key)
+    if program is not None and not _executable_stale(program, vd):
+        count("cache_hits")
+    else:
+        program = _load_persisted(key, graph, options, vd)
+        if program is None:
+            program = _compile(key, graph, options, vd)
+            _persist(program)
+        _cache.put(program)
+    _last_program = program
+    return program
+
+
+def _executable_stale(program: CompiledProgram, vd: Any) -> bool:
+    exe = program.executable
+    return getattr(exe, "is_deleted", False) or getattr(exe, "client", vd.client) is not vd.client
+
+
+def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: Any) -> CompiledProgram:
+    t0 = time.perf_counter()
+    graph.eliminate_dead_code()  # keeps placeholders, so the argument list is unchanged
+    lowered = lower_graph(graph, options)
+    t1 = time.perf_counter()
+    count("lowering_seconds", t1 - t0)
+    assignment = list(vd.device_assignment)
+    exe = vd.client.compile(lowered.artifact, compile_options_bytes(options.num_partitions, assignment))
+    count("compile_seconds", time.perf_counter() - t1)
+    count("compiles")
+    logger.info("compiled a program of %d ops for %d devices in %.2f s", sum(lowered.ops.values()),
+                options.num_partitions, time.perf_counter() - t0)
+    return _finish_program(key, lowered, exe, vd)
+
+
+def _finish_program(key: str, lowered: LoweredModule, exe: Any, vd: Any, from_disk: bool = False,
+                    output_shardings: list[ShardingSpec] | None = None) -> CompiledProgram:
+    n_out = len(lowered.output_shapes)
+    if output_shardings is None:
+        output_shardings = read_output_shardings(exe, n_out, lowered.num_partitions)
+    input_shardings = [parse_sharding(s) if s is not None else ShardingSpec.replicated() for s in lowered.input_shardings]
+    position = {int(d.id): i for i, d in enumerate(vd.devices)}
+    order = [position[int(d.id)] for d in exe.addressable_devices]
+    return CompiledProgram(key, lowered, exe, input_shardings, output_shardings, order, from_disk)
+
+
+def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> list[ShardingSpec]:
+    """The shardings the SPMD partitioner chose for the outputs, from the optimized HLO module."""
+    if num_partitions == 1:
+        return [ShardingSpec.replicated()] * num_outputs
+    fmt, code = exe.optimized_program()
+    if fmt == "hlo_with_config":
+        from ..runtime._proto import length_delimited_fields
+
+        code = length_delimited_fields(code, 1)[0]
+    elif fmt != "hlo":
+        raise LoweringError(f"the plugin returned its optimized program as {fmt!r}; cannot read output shardings")
+    from jaxlib import xla_client
+
+    module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(code)
+    proto = module.spmd_output_sharding
+    text = str(xla_client.HloSharding.from_proto(proto))
+    specs = parse_tuple_sharding(text)
+    if len(specs) != num_outputs:
+        if len(specs) == 1 and num_outputs > 1:
+            specs = specs * num_outputs
+        else:
+            raise LoweringError(f"internal: the partitioner reports {len(specs)} output shardings for {num_outputs} outputs")
+    return specs
+
+
+# -- persistence ----------------------------------------------------------------------------
+
+
+def _persist(program: CompiledProgram) -> None:
+    directory = cache_dir()
+    if directory is None:
+        return
+    try:
+        blob = program.executable.serialize()
+    except Exception as exc:  # noqa: BLE001 - persistence is best effort
+        logger.info("not persisting the compiled program (%s: %s)", type(exc).__name__, exc)
+        return
+    lowered = program.lowered
+    meta = {
+        "input_shardings": lowered.input_shardings,
+        "output_shardings": [s.to_hlo() for s in program.output_shardings],
+        "output_shapes": [list(s) for s in lowered.output_shapes],
+        "output_dtypes": [str(d).removeprefix("torch.") for d in lowered.output_dtypes],
+        "uses_rng": lowered.uses_rng,
+        "random_ops": lowered.random_ops,
+        "target_version": lowered.target_version,
+        "num_partitions": lowered.num_partitions,
+        "ops": lowered.ops,
+    }
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{program.key}.{os.getpid()}.tmp"
+        tmp.write_bytes(blob)
+        tmp.replace(directory / f"{program.key}.exe")
+        (directory / f"{program.key}.json").write_text(json.dumps(meta))
+    except OSError as exc:
+        logger.warning("could not write the compile cache entry in %s: %s", directory, exc)
+
+
+def _load_persisted(key: str, graph: fx.Graph, options: LoweringOptions, vd: Any) -> CompiledProgram | None:
+    directory = cache_dir()
+    if directory is None:
+        return None
+    exe_path, meta_path = directory / f"{key}.exe", directory / f"{key}.json"
+    if not (exe_path.is_file() and meta_path.is_file()):
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        exe = vd.client.deserialize_executable(exe_path.read_bytes())
+    except Exception as exc:  # noqa: BLE001 - a bad entry means compile again
+        logger.info("ignoring compile cache entry %s (%s: %s)", key[:12], type(exc).__name__, exc)
+        return None
+    lowered = LoweredModule(
+        text="",
+        artifact=b"",
+        target_version=meta["target_version"],
+        num_partitions=meta["num_partitions"],
+        input_shardings=meta["input_shardings"],
+        output_shapes=[tuple(s) for s in meta["output_shapes"]],
+        output_dtypes=[getattr(torch, d) for d in meta["output_dtypes"]],
+        uses_rng=meta["uses_rng"],
+        random_ops=meta.get("random_ops", 0),
+        ops=meta.get("ops", {}),
+    )
+    count("persistent_cache_hits")
+    outs = [parse_sharding(s) for s in meta["output_shardings"]]
+    return _finish_program(key, lowered, exe, vd, from_disk=True, output_shardings=outs)
+
+
+# =====================================================================================
+# execution
+# =====================================================================================
+
+_rng_lock = threading.Lock()
+_rng_seed: int | None = None
+_rng_counter = 0
+_rng_seen_initial: int | None = None
+
+
+def manual_seed(seed: int) -> None:
+    """Restart the device RNG stream from ``seed`` (``torch.manual_seed`` calls this through the device)."""
+    global _rng_seed, _rng_counter, _rng_seen_initial
+    with _rng_lock:
+        _rng_seed = int(seed) & ((1 << 64) - 1)
+        _rng_counter = 0
+        _rng_seen_initial = torch.initial_seed()
+
+
+def next_rng_key() -> np.ndarray:
+    """The next ``uint64[2]`` RNG key: (seed, counter). The seed follows ``torch.manual_seed``."""
+    global _rng_seed, _rng_counter, _rng_seen_initial
+    with _rng_lock:
+        initial = torch.initial_seed()
+        if _rng_seed is None or initial != _rng_seen_initial:
+            _rng_seed = int(initial) & ((1 << 64) - 1)
+            _rng_counter = 0
+            _rng_seen_initial = initial
+        key = np.array([_rng_seed, _rng_counter], dtype=np.uint64)
+        _rng_counter += 1
+    return key
+
+
+def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], vd: Any = None) -> list[list[Any]]:
+    """Run ``program``; ``inputs[i][ordinal]`` is input ``i``'s buffer on each device.
+
+    Returns ``outputs[j][ordinal]``: output ``j``'s buffer on each device, laid out by
+    ``program.output_shardings[j]``. The RNG key argument is added here.
+    """
+    vd = vd if vd is not None else _virtual_device()
+    n_dev = len(vd.devices)
+    columns = [list(col) for col in inputs]
+    expected = len(program.input_shardings) - (1 if program.uses_rng else 0)
+    if len(columns) != expected:
+        raise LoweringError(f"internal: the program takes {expected} inputs, got {len(columns)}")
+    if program.uses_rng:
+        key = next_rng_key()
+        columns.append([vd.client.buffer_from_host(key, device=vd.devices[d]) for d in range(n_dev)])
+    for i, col in enumerate(columns):
+        if len(col) != n_dev or any(b is None for b in col):
+            raise LoweringError(f"internal: input {i} is not on every device")
+    args = [[col[ordinal] for col in columns] for ordinal in program.device_order]
+    t0 = time.perf_counter()
+    outs = program.executable.execute(args)
+    count("execute_seconds", time.perf_counter() - t0)
+    count("executions")
+    result: list[list[Any]] = [[None] * n_dev for _ in range(program.num_outputs)]
+    for pos, ordinal in enumerate(program.device_order):
+        for j in range(program.num_outputs):
+            result[j][ordinal] = outs[pos][j]
+    return result
+
+
+def _virtual_device() -> Any:
+    from ._device import virtual_device
+
+    return virtual_device()
+
+
+# -- a whole graph, from CPU tensors to CPU tensors (tests, benchmarks, debugging) ---------------
+
+
+def run_graph(
+    graph: fx.Graph | fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
+    shardings: Sequence[ShardingSpec | str | None] | None = None,
+    vd: Any = None,
+) -> tuple[list[torch.Tensor], CompiledProgram]:
+    """Upload ``inputs`` with ``shardings``, run ``graph`` on every device, gather the outputs.
+
+    Returns the global output tensors (CPU) and the compiled program (for its shardings).
+    """
+    from ._transfer import gather_shards, upload_host_tensor
+
+    vd = vd if vd is not None else _virtual_device()
+    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise ValueError(f"the graph takes {len(placeholders)} inputs, got {len(inputs)}")
+    specs: list[ShardingSpec] = []
+    for i, node in enumerate(placeholders):
+        s = shardings[i] if shardings is not None else None
+        spec = parse_sharding(s) if isinstance(s, str) else (s or ShardingSpec.replicated())
+        node.meta["sharding"] = spec
+        specs.append(spec)
+    program = compile_graph(g, vd)
+    columns = [upload_host_tensor(t.detach().cpu(), spec, vd) for t, spec in zip(inputs, specs)]
+    outs = execute_program(program, columns, vd)
+    results = []
+    for j, bufs in enumerate(outs):
+        shape, dtype = program.lowered.output_shapes[j], program.lowered.output_dtypes[j]
+        results.append(gather_shards(shape, dtype, program.output_shardings[j], bufs, vd.device_ids))
+    return results, program
+
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CompiledProgram",
+    "Metrics",
+    "cache_dir",
+    "clear_compile_cache",
+    "compile_graph",
+    "compiled_programs",
+    "execute_program",
+    "last_program",
+    "lowering_options",
+    "manual_seed",
+    "metrics",
+    "metrics_report",
+    "next_rng_key",
+    "program_key",
+    "reset_metrics",
+    "run_graph",
+    "set_cache_dir",
+]

@@ -1,0 +1,47 @@
+"""Lowering of torch.fx graphs of core ATen ops to StableHLO, built with jaxlib's MLIR builders.
+
+``lower_graph(graph, LoweringOptions(...))`` returns a :class:`LoweredModule` (MLIR text and a
+portable artifact for the plugin's StableHLO version). It never compiles or touches devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Importing the op modules fills the op table.
+from . import _elementwise, _factories, _indexing, _linalg, _random, _reductions, _shapes  # noqa: F401
+from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
+from ._emitter import LoweringOptions, ScalarSlot
+from ._module import RNG_KEY_DTYPE, RNG_KEY_SHAPE, LoweredModule, lower_graph, sharding_string, target_version
+from ._table import LOWERINGS, RANDOM_OPS, op_name
+
+
+def has_lowering(op: Any) -> bool:
+    """True when ``op`` is lowered by hand (not counting torch decompositions)."""
+    return op in LOWERINGS
+
+
+def supported_ops() -> list[str]:
+    """Names of the hand-lowered operators, sorted (decomposable operators also work)."""
+    return sorted(op_name(op) for op in LOWERINGS)
+
+
+__all__ = [
+    "LOWERINGS",
+    "RANDOM_OPS",
+    "RNG_KEY_DTYPE",
+    "RNG_KEY_SHAPE",
+    "ScalarSlot",
+    "LoweredModule",
+    "LoweringOptions",
+    "decomposition_for",
+    "expand_graph",
+    "functional_variant",
+    "has_lowering",
+    "is_inplace",
+    "lower_graph",
+    "op_name",
+    "sharding_string",
+    "supported_ops",
+    "target_version",
+]

@@ -1,0 +1,293 @@
+"""Lowerings of gathers and scatters: index_select, embedding, index, gather, index_put, scatter(_add).
+
+Gathers along one dimension follow the active plugin's dense-gather factor (seed 001):
+dense one-hot/matmul form unless the gathered dimension exceeds ``factor * 10``, sparse
+``stablehlo.gather`` otherwise (factor 0 = always sparse). The accumulating scatter that
+autograd emits for an embedding's backward follows the same rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+from ...errors import UnsupportedOpError
+from ._emitter import Emitter, Operand, TensorValue
+from ._mlir import tensor_type
+from ._table import lowers
+
+aten = torch.ops.aten
+
+
+def _index_values(em: Emitter, idx: TensorValue, size: int) -> TensorValue:
+    """int64 indices with negative ones wrapped (torch allows ``-1`` for the last row)."""
+    idx = em.convert(idx, torch.int64)
+    negative = em.compare(idx, em.constant(0, torch.int64, idx.shape), "LT")
+    return em.select(negative, em.add(idx, em.constant(size, torch.int64, idx.shape)), idx)
+
+
+def _one_hot(em: Emitter, flat_idx: TensorValue, n: int) -> TensorValue:
+    """bool [K, n]: row k is true at column flat_idx[k]."""
+    k = flat_idx.shape[0]
+    cols = em.iota((k, n), 1, torch.int64)
+    return em.compare(cols, em.broadcast_in_dim(flat_idx, (k, n), [0]), "EQ")
+
+
+def _arith_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype a dense (matmul) gather computes in: floats stay, bool and small ints widen."""
+    if dtype.is_floating_point:
+        return dtype
+    return torch.int64 if dtype in (torch.int64, torch.uint64) else torch.int32
+
+
+def gather_along(em: Emitter, table: TensorValue, d: int, idx: TensorValue) -> TensorValue:
+    """``table`` indexed by ``idx`` along dimension ``d``: shape pre + idx.shape + post."""
+    n = table.shape[d]
+    out_shape = table.shape[:d] + idx.shape + table.shape[d + 1:]
+    k = max(idx.numel, 0)
+    flat = em.reshape(_index_values(em, idx, n), (k,))
+    if em.options.use_dense_gather(n):
+        adt = _arith_dtype(table.dtype)
+        onehot = em.convert(_one_hot(em, flat, n), adt)
+        r = em.dot_general(onehot, em.convert(table, adt), ((1,), (d,)))  # [K, pre..., post...]
+        perm = list(range(1, d + 1)) + [0] + list(range(d + 1, table.rank))
+        r = em.transpose(r, perm)
+        return em.reshape(em.convert(r, table.dtype), out_shape)
+    starts = em.reshape(flat, (k, 1))
+    offset_dims = [i for i in range(table.rank) if i != d]
+    slice_sizes = [1 if i == d else s for i, s in enumerate(table.shape)]
+    dnums = hlo.GatherDimensionNumbers.get(
+        offset_dims=offset_dims,
+        collapsed_slice_dims=[d],
+        operand_batching_dims=[],
+        start_indices_batching_dims=[],
+        start_index_map=[d],
+        index_vector_dim=1,
+    )
+    gathered_shape = table.shape[:d] + (k,) + table.shape[d + 1:]
+    v = hlo.gather(table.value, starts.value, dnums, slice_sizes, indices_are_sorted=False,
+                   results=[tensor_type(gathered_shape, table.dtype)])
+    return em.reshape(TensorValue(v, gathered_shape, table.dtype), out_shape)
+
+
+def _scatter_region(op: Any, dtype: torch.dtype, accumulate: bool) -> None:
+    block = op.regions[0].blocks.append(tensor_type((), dtype), tensor_type((), dtype))
+    with ir.InsertionPoint(block):
+        if accumulate:
+            r = hlo.or_(block.arguments[0], block.arguments[1]) if dtype == torch.bool else \
+                hlo.add(block.arguments[0], block.arguments[1])
+        else:
+            r = block.arguments[1]
+        hlo.return_([r])
+
+
+def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values: TensorValue, accumulate: bool) -> TensorValue:
+    """``x`` with ``x[pre, idx, post] (+)= values`` along dimension ``d``."""
+    n = x.shape[d]
+    k = idx.numel
+    flat = em.reshape(_index_values(em, idx, n), (k,))
+    upd_shape = x.shape[:d] + idx.shape + x.shape[d + 1:]
+    values = em.broadcast_to(em.convert(values, x.dtype), upd_shape)
+    upd = em.reshape(values, x.shape[:d] + (k,) + x.shape[d + 1:])
+    if accumulate and em.options.use_dense_gather(n):
+        adt = _arith_dtype(x.dtype)
+        onehot = em.convert(_one_hot(em, flat, n), adt)
+        r = em.dot_general(onehot, em.convert(upd, adt), ((0,), (d,)))  # [n, pre..., post...]
+        perm = list(range(1, d + 1)) + [0] + list(range(d + 1, x.rank))
+        r = em.convert(em.transpose(r, perm), x.dtype)
+        return em.add(x, r) if x.dtype != torch.bool else em.binary(hlo.or_, x, r)
+    dnums = hlo.ScatterDimensionNumbers.get(
+        update_window_dims=[i for i in range(x.rank) if i != d],
+        inserted_window_dims=[d],
+        input_batching_dims=[],
+        scatter_indices_batching_dims=[],
+        scattered_dims_to_operand_dims=[d],
+        index_vector_dim=1,
+    )
+    starts = em.reshape(flat, (k, 1))
+    op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
+                       indices_are_sorted=False, unique_indices=False)
+    _scatter_region(op, x.dtype, accumulate)
+    return TensorValue(op.results[0], x.shape, x.dtype)
+
+
+@lowers(aten.index_select.default)
+def _index_select(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
+    if x.rank == 0:
+        return em.reshape(x, tuple(out.shape))
+    r = gather_along(em, x, dim % x.rank, index)
+    return em.reshape(r, tuple(out.shape))
+
+
+@lowers(aten.embedding.default)
+def _embedding(em: Emitter, out: torch.Tensor, weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> TensorValue:
+    return gather_along(em, weight, 0, indices)
+
+
+def _adjacent(positions: list[int]) -> bool:
+    return positions == list(range(positions[0], positions[0] + len(positions)))
+
+
+@lowers(aten.index.Tensor)
+def _index(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    """Advanced indexing with integer index tensors (boolean masks have data-dependent shapes)."""
+    positions = [i for i, t in enumerate(indices) if t is not None]
+    for i in positions:
+        if indices[i].dtype == torch.bool:
+            raise UnsupportedOpError("aten.index.Tensor", "indexing with a boolean mask gives a data-dependent shape, "
+                                     "which the pjrt device cannot compile; use torch.where or masked_fill instead")
+    if len(positions) == 1:
+        d = positions[0]
+        return em.reshape(gather_along(em, x, d, indices[d]), tuple(out.shape))
+    bshape = tuple(torch.broadcast_shapes(*(indices[i].shape for i in positions)))
+    comps = [em.reshape(em.broadcast_to(_index_values(em, indices[i], x.shape[i]), bshape), bshape + (1,))
+             for i in positions]
+    starts = em.concatenate(comps, len(bshape))
+    rest = [i for i in range(x.rank) if i not in positions]
+    if _adjacent(positions):
+        first = positions[0]
+        out_shape = x.shape[:first] + bshape + tuple(x.shape[i] for i in rest if i > first)
+        offset_dims = list(range(first)) + list(range(first + len(bshape), len(out_shape)))
+    else:
+        out_shape = bshape + tuple(x.shape[i] for i in rest)
+        offset_dims = list(range(len(bshape), len(out_shape)))
+    dnums = hlo.GatherDimensionNumbers.get(
+        offset_dims=offset_dims,
+        collapsed_slice_dims=positions,
+        operand_batching_dims=[],
+        start_indices_batching_dims=[],
+        start_index_map=positions,
+        index_vector_dim=len(bshape),
+    )
+    slice_sizes = [1 if i in positions else s for i, s in enumerate(x.shape)]
+    v = hlo.gather(x.value, starts.value, dnums, slice_sizes, indices_are_sorted=False,
+                   results=[tensor_type(out_shape, x.dtype)])
+    return em.reshape(TensorValue(v, tuple(out_shape), x.dtype), tuple(out.shape))
+
+
+@lowers(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None],
+               values: Operand, accumulate: bool = False) -> TensorValue:
+    positions = [i for i, t in enumerate(indices) if t is not None]
+    for i in positions:
+        if indices[i].dtype == torch.bool:
+            raise UnsupportedOpError("aten.index_put.default", "index_put with a boolean mask is not supported on the "
+                                     "pjrt device; use torch.where instead")
+    if not isinstance(values, TensorValue):
+        values = em.constant(values, x.dtype)
+    if len(positions) == 1:
+        d = positions[0]
+        return scatter_along(em, x, d, indices[d], values, accumulate)
+    bshape = tuple(torch.broadcast_shapes(*(indices[i].shape for i in positions)))
+    comps = [em.reshape(em.broadcast_to(_index_values(em, indices[i], x.shape[i]), bshape), bshape + (1,))
+             for i in positions]
+    starts = em.concatenate(comps, len(bshape))
+    rest = [i for i in range(x.rank) if i not in positions]
+    if _adjacent(positions):
+        first = positions[0]
+        upd_shape = x.shape[:first] + bshape + tuple(x.shape[i] for i in rest if i > first)
+        window = list(range(first)) + list(range(first + len(bshape), len(upd_shape)))
+    else:
+        upd_shape = bshape + tuple(x.shape[i] for i in rest)
+        window = list(range(len(bshape), len(upd_shape)))
+    upd = em.broadcast_to(em.convert(values, x.dtype), upd_shape)
+    dnums = hlo.ScatterDimensionNumbers.get(
+        update_window_dims=window,
+        inserted_window_dims=positions,
+        input_batching_dims=[],
+        scatter_indices_batching_dims=[],
+        scattered_dims_to_operand_dims=positions,
+        index_vector_dim=len(bshape),
+    )
+    op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
+                       indices_are_sorted=False, unique_indices=False)
+    _scatter_region(op, x.dtype, accumulate)
+    return TensorValue(op.results[0], x.shape, x.dtype)
+
+
+def _full_index(em: Emitter, index: TensorValue, d: int, size: int) -> TensorValue:
+    """[*index.shape, rank] coordinates: ``index`` along ``d``, the position elsewhere (torch.gather/scatter)."""
+    rank = index.rank
+    comps = []
+    for i in range(rank):
+        c = _index_values(em, index, size) if i == d else em.iota(index.shape, i, torch.int64)
+        comps.append(em.reshape(c, index.shape + (1,)))
+    return em.concatenate(comps, rank) if rank > 1 else comps[0]
+
+
+@lowers(aten.gather.default)
+def _gather(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, sparse_grad: bool = False) -> TensorValue:
+    if x.rank == 0:
+        return em.reshape(x, tuple(out.shape))
+    d = dim % x.rank
+    n = x.shape[d]
+    if em.options.use_dense_gather(n):
+        # Dense: compare against every position along d and sum the one match (select, so no 0*inf).
+        xs = em.slice(x, [0] * x.rank, [n if i == d else index.shape[i] for i in range(x.rank)], [1] * x.rank)
+        ishape = index.shape
+        full = ishape + (n,)
+        hits = em.compare(em.iota(full, x.rank, torch.int64),
+                          em.broadcast_in_dim(_index_values(em, index, n), full, list(range(x.rank))), "EQ")
+        perm_dims = [i for i in range(x.rank) if i != d]
+        # xs has shape ishape with n at d; bring d last and broadcast over ishape[d].
+        xt = em.transpose(xs, perm_dims + [d])  # [other..., n]
+        bdims = [i for i in range(x.rank) if i != d] + [x.rank]
+        xb = em.broadcast_in_dim(xt, full, bdims)
+        picked = em.select(hits, xb, em.constant(0, x.dtype, full))
+        r = em.reduce_simple(picked, [x.rank], "sum" if x.dtype != torch.bool else "or")
+        return em.reshape(r, tuple(out.shape))
+    starts = _full_index(em, index, d, n)
+    dnums = hlo.GatherDimensionNumbers.get(
+        offset_dims=[],
+        collapsed_slice_dims=list(range(x.rank)),
+        operand_batching_dims=[],
+        start_indices_batching_dims=[],
+        start_index_map=list(range(x.rank)),
+        index_vector_dim=index.rank,
+    )
+    v = hlo.gather(x.value, starts.value, dnums, [1] * x.rank, indices_are_sorted=False,
+                   results=[tensor_type(index.shape, x.dtype)])
+    return em.reshape(TensorValue(v, index.shape, x.dtype), tuple(out.shape))
+
+
+def _scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue, accumulate: bool) -> TensorValue:
+    starts = _full_index(em, index, d, x.shape[d])
+    # src may be larger than index: only its leading index.shape block is used.
+    if src.shape != index.shape:
+        src = em.slice(src, [0] * src.rank, list(index.shape), [1] * src.rank)
+    dnums = hlo.ScatterDimensionNumbers.get(
+        update_window_dims=[],
+        inserted_window_dims=list(range(x.rank)),
+        input_batching_dims=[],
+        scatter_indices_batching_dims=[],
+        scattered_dims_to_operand_dims=list(range(x.rank)),
+        index_vector_dim=index.rank,
+    )
+    op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [em.convert(src, x.dtype).value], dnums,
+                       indices_are_sorted=False, unique_indices=False)
+    _scatter_region(op, x.dtype, accumulate)
+    return TensorValue(op.results[0], x.shape, x.dtype)
+
+
+@lowers(aten.scatter_add.default)
+def _scatter_add(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
+    return _scatter_elements(em, x, dim % max(x.rank, 1), index, src, True)
+
+
+@lowers(aten.scatter.src)
+def _scatter_src(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
+    return _scatter_elements(em, x, dim % max(x.rank, 1), index, src, False)
+
+
+@lowers(aten.scatter.value)
+def _scatter_value(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, value: Any) -> TensorValue:
+    src = em.constant(value, x.dtype, index.shape)
+    return _scatter_elements(em, x, dim % max(x.rank, 1), index, src, False)
+
+
+__all__ = ["gather_along", "scatter_along"]

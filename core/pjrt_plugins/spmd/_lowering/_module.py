@@ -1,0 +1,244 @@
+"""Turn a torch.fx Graph of ATen ops into one StableHLO module and its portable artifact.
+
+Inputs carry ``mhlo.sharding`` argument attributes, marked intermediates a ``@Sharding``
+custom call; outputs carry none, so the SPMD partitioner chooses them. Never compiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir.dialects import func
+from jaxlib.mlir.dialects import stablehlo as hlo
+from torch.utils import _pytree as pytree
+
+from ...errors import LoweringError, UnsupportedOpError
+from ._decompose import expand_graph
+from ._emitter import Emitter, LoweringOptions, TensorValue
+from ._mlir import dense_attr, make_context, tensor_type
+from ._table import LOWERINGS, RANDOM_OPS, op_name
+
+logger = logging.getLogger(__name__)
+
+#: Shape and dtype of the RNG key argument appended to modules that draw random numbers.
+RNG_KEY_SHAPE = (2,)
+RNG_KEY_DTYPE = torch.uint64
+
+
+@dataclass
+class LoweredModule:
+    """A lowered graph: what to compile and how to call it.
+
+    ``input_shardings[i]`` is the HLO sharding string of argument ``i`` (``None`` when
+    the module is not partitioned); when ``uses_rng`` the last argument is the RNG key
+    (``uint64[2]``, replicated) that is not a placeholder of the graph.
+    """
+
+    text: str
+    artifact: bytes
+    target_version: str
+    num_partitions: int
+    input_shardings: list[str | None]
+    output_shapes: list[tuple[int, ...]]
+    output_dtypes: list[torch.dtype]
+    uses_rng: bool
+    random_ops: int = 0
+    #: Position of the float64 run-time scalar argument among the inputs, or None.
+    scalars_input: int | None = None
+    ops: dict[str, int] = field(default_factory=dict)
+
+
+def sharding_string(spec: Any) -> str | None:
+    """The HLO sharding string of a ShardingSpec (or a string, or None for unannotated)."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return spec
+    for name in ("hlo_sharding", "to_hlo_string", "hlo_string"):
+        attr = getattr(spec, name, None)
+        if attr is not None:
+            return attr() if callable(attr) else str(attr)
+    return str(spec)
+
+
+def node_value_meta(node: fx.Node) -> Any:
+    val = node.meta.get("val")
+    if val is None and "tensor_meta" in node.meta:
+        tm = node.meta["tensor_meta"]
+        return torch.empty(tuple(tm.shape), dtype=tm.dtype, device="meta")
+    return val
+
+
+def target_version(plugin_version: str | None) -> str:
+    """The StableHLO version to serialize for: the older of the plugin's and jaxlib's."""
+    ours = hlo.get_current_version()
+    if not plugin_version:
+        return ours
+    minimum = hlo.get_minimum_version()
+    if hlo.get_smaller_version(plugin_version, minimum) == plugin_version and plugin_version != minimum:
+        raise LoweringError(f"the plugin supports StableHLO {plugin_version}, older than the oldest version "
+                            f"jaxlib can write ({minimum}); upgrade the plugin")
+    return hlo.get_smaller_version(plugin_version, ours)
+
+
+def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
+    """Lower ``graph`` (placeholders = inputs, output = results) to a StableHLO module.
+
+    Raises :class:`UnsupportedOpError` naming the first operator with neither a lowering
+    nor a torch decomposition, and :class:`LoweringError` for inconsistent graphs.
+    """
+    graph = expand_graph(graph)
+    version = target_version(options.target_version)
+    partitioned = options.num_partitions > 1
+    ctx = make_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        i32 = ir.IntegerType.get_signless(32)
+        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, options.num_partitions)
+        module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
+
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        uses_rng = any(n.op == "call_function" and n.target in RANDOM_OPS for n in graph.nodes)
+        arg_metas = [node_value_meta(n) for n in placeholders]
+        for n, m in zip(placeholders, arg_metas):
+            if not isinstance(m, torch.Tensor):
+                raise LoweringError(f"graph input {n.name!r} has no tensor metadata (node.meta['val'])")
+        arg_types = [tensor_type(tuple(m.shape), m.dtype) for m in arg_metas]
+        shardings: list[str | None] = []
+        for n in placeholders:
+            s = sharding_string(n.meta.get("sharding"))
+            shardings.append((s or "{replicated}") if partitioned else None)
+        if uses_rng:
+            arg_types.append(tensor_type(RNG_KEY_SHAPE, RNG_KEY_DTYPE))
+            shardings.append("{replicated}" if partitioned else None)
+
+        output_node = next(n for n in graph.nodes if n.op == "output")
+        out_leaves = pytree.tree_leaves(output_node.args[0])
+        for leaf in out_leaves:
+            if not isinstance(leaf, fx.Node):
+                raise LoweringError(f"graph outputs must be tensors, got {type(leaf).__name__}")
+
+        with ir.InsertionPoint(module.body):
+            # Result types are known only after the body is built; start with none and fix up.
+            fn = func.FuncOp("main", ir.FunctionType.get(arg_types, []))
+            fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
+            if partitioned:
+                fn.arg_attrs = ir.ArrayAttr.get(
+                    [ir.DictAttr.get({"mhlo.sharding": ir.StringAttr.get(s)}) for s in shardings]
+                )
+            block = fn.add_entry_block()
+        em = Emitter(options, rng_state=block.arguments[len(placeholders)] if uses_rng else None)
+        env: dict[fx.Node, Any] = {}
+        counts: dict[str, int] = {}
+        scalars_input = None
+        with ir.InsertionPoint(block):
+            for i, n in enumerate(placeholders):
+                env[n] = TensorValue(block.arguments[i], tuple(arg_metas[i].shape), arg_metas[i].dtype)
+                if n.meta.get("scalar_pool"):
+                    em.scalars, scalars_input = env[n], i
+            for node in graph.nodes:
+                if node.op in ("placeholder", "output"):
+                    continue
+                with ir.Location.name(node.name):
+                    env[node] = _lower_node(em, node, env, counts, partitioned)
+            results = [env[leaf] for leaf in out_leaves]
+            for leaf, r in zip(out_leaves, results):
+                if not isinstance(r, TensorValue):
+                    raise LoweringError(f"graph output {leaf.name!r} is not a single tensor")
+            func.ReturnOp([r.value for r in results])
+        fn.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get(arg_types, [r.value.type for r in results])
+        )
+        _legalize(module)
+        if not module.operation.verify():
+            raise LoweringError("internal: the lowered module does not verify")
+        text = str(module)
+        artifact = hlo.serialize_portable_artifact(module, version)
+    logger.debug("lowered %d ops to StableHLO %s (%d bytes)", sum(counts.values()), version, len(artifact))
+    return LoweredModule(
+        text=text,
+        artifact=artifact,
+        target_version=version,
+        num_partitions=options.num_partitions,
+        input_shardings=shardings,
+        output_shapes=[r.shape for r in results],
+        output_dtypes=[r.dtype for r in results],
+        uses_rng=uses_rng,
+        random_ops=em.random_ops,
+        ops=counts,
+        scalars_input=scalars_input,
+    )
+
+
+def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dict[str, int], partitioned: bool) -> Any:
+    if node.op == "get_attr":
+        value = _fetch_attr(node)
+        if not isinstance(value, torch.Tensor):
+            raise LoweringError(f"graph attribute {node.target!r} is not a tensor")
+        c = hlo.constant(dense_attr(value.detach().cpu()))
+        return TensorValue(c, tuple(value.shape), value.dtype)
+    if node.op != "call_function":
+        raise LoweringError(f"unsupported graph node kind {node.op!r} ({node.name})")
+    target = node.target
+    args = fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+    if target is operator.getitem:
+        return args[0][args[1]]
+    fn: Callable[..., Any] | None = LOWERINGS.get(target)
+    name = op_name(target)
+    if fn is None:
+        raise UnsupportedOpError(name)
+    out = node_value_meta(node)
+    em.node = node
+    try:
+        result = fn(em, out, *args, **kwargs)
+    except (UnsupportedOpError, NotImplementedError):
+        raise
+    except Exception as exc:
+        raise LoweringError(f"lowering {name} (node {node.name}) failed: {type(exc).__name__}: {exc}") from exc
+    counts[name] = counts.get(name, 0) + 1
+    _check_result(name, node, out, result)
+    spec = sharding_string(node.meta.get("sharding"))
+    if spec is not None and partitioned and isinstance(result, TensorValue):
+        result = _annotate(result, spec)
+    return result
+
+
+def _annotate(x: TensorValue, spec: str) -> TensorValue:
+    """Pin ``x``'s sharding with the ``@Sharding`` custom call the partitioner understands."""
+    op = hlo.CustomCallOp([x.value.type], [x.value], "Sharding")
+    op.attributes["mhlo.sharding"] = ir.StringAttr.get(spec)
+    return TensorValue(op.results[0], x.shape, x.dtype)
+
+
+def _check_result(name: str, node: fx.Node, out: Any, result: Any) -> None:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    res = result if isinstance(result, tuple) else (result,)
+    for o, r in zip(outs, res):
+        if isinstance(o, torch.Tensor) and isinstance(r, TensorValue):
+            if tuple(o.shape) != r.shape or o.dtype != r.dtype:
+                raise LoweringError(f"internal: lowering of {name} (node {node.name}) produced {r.dtype}{list(r.shape)}, "
+                                    f"torch says {o.dtype}{list(o.shape)}")
+
+
+def _fetch_attr(node: fx.Node) -> Any:
+    owner = node.graph.owning_module
+    if owner is None:
+        raise LoweringError(f"graph attribute {node.target!r} has no owning module to read it from")
+    obj: Any = owner
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _legalize(module: ir.Module) -> None:
+    """Rewrite CHLO ops (erf, erf_inv, asin, ...) into StableHLO so the artifact is portable."""
+    pm = passmanager.PassManager.parse("builtin.module(func.func(chlo-legalize-to-stablehlo))")
+    pm.run(module.operation)

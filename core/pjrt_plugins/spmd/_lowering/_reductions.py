@@ -1,0 +1,301 @@
+"""Lowerings of reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min.dim, any/all, var, softmax.
+
+Half-precision inputs accumulate in float32, as torch does on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+from ._elementwise import compute_dtype
+from ._emitter import Emitter, TensorValue, highest, lowest
+from ._mlir import tensor_type
+from ._table import lowers
+
+aten = torch.ops.aten
+
+
+def reduction_dims(rank: int, dim: int | Sequence[int] | None) -> list[int]:
+    """Normalized reduced dimensions; ``None`` and ``[]`` mean all of them (torch's rule)."""
+    if dim is None:
+        return list(range(rank))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return list(range(rank))
+    return sorted({d % rank if rank else 0 for d in dim}) if rank else []
+
+
+def keep_dims(em: Emitter, x: TensorValue, full_shape: Sequence[int], dims: Sequence[int]) -> TensorValue:
+    shape = [1 if i in dims else s for i, s in enumerate(full_shape)]
+    return em.reshape(x, shape)
+
+
+def _finish(em: Emitter, out: torch.Tensor, r: TensorValue, x_shape: Sequence[int], dims: list[int], keepdim: bool) -> TensorValue:
+    r = em.convert(r, out.dtype)
+    if keepdim:
+        r = keep_dims(em, r, x_shape, dims)
+    return em.reshape(r, tuple(out.shape))
+
+
+@lowers(aten.sum.dim_IntList, aten.sum.default)
+def _sum(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> TensorValue:
+    dims = reduction_dims(x.rank, dim)
+    acc = compute_dtype(out.dtype)
+    if acc == torch.bool:
+        acc = torch.int64
+    r = em.reduce_simple(em.convert(x, acc), dims, "sum")
+    return _finish(em, out, r, x.shape, dims, keepdim)
+
+
+@lowers(aten.prod.default, aten.prod.dim_int)
+def _prod(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
+          dtype: torch.dtype | None = None) -> TensorValue:
+    dims = reduction_dims(x.rank, dim)
+    acc = compute_dtype(out.dtype)
+    r = em.reduce_simple(em.convert(x, acc), dims, "prod")
+    return _finish(em, out, r, x.shape, dims, keepdim)
+
+
+@lowers(aten.mean.dim, aten.mean.default)
+def _mean(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
+          dtype: torch.dtype | None = None) -> TensorValue:
+    dims = reduction_dims(x.rank, dim)
+    acc = compute_dtype(out.dtype)
+    r = em.reduce_simple(em.convert(x, acc), dims, "sum")
+    count = math.prod(x.shape[d] for d in dims)
+    r = em.div(r, em.constant(float(count), acc, r.shape))
+    return _finish(em, out, r, x.shape, dims, keepdim)
+
+
+def _minmax(kind: str) -> Any:
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = (), keepdim: bool = False) -> TensorValue:
+        dims = reduction_dims(x.rank, dim)
+        r = em.reduce_simple(x, dims, kind)  # StableHLO's maximum/minimum propagate NaN, like torch
+        return _finish(em, out, r, x.shape, dims, keepdim)
+
+    return lower
+
+
+lowers(aten.amax.default)(_minmax("max"))
+lowers(aten.amin.default)(_minmax("min"))
+
+
+@lowers(aten.max.default)
+def _max_all(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+    return _minmax("max")(em, out, x, None, False)
+
+
+@lowers(aten.min.default)
+def _min_all(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+    return _minmax("min")(em, out, x, None, False)
+
+
+def _arg_reduce(em: Emitter, x: TensorValue, dim: int, largest: bool) -> tuple[TensorValue, TensorValue]:
+    """(values, int64 indices) of the first max (or min) along ``dim``; NaN counts as the extreme."""
+    idx = em.iota(x.shape, dim, torch.int64)
+    is_float = x.dtype.is_floating_point
+    init_v = em.constant(lowest(x.dtype) if largest else highest(x.dtype), x.dtype)
+    init_i = em.constant(0, torch.int64)
+
+    def body(em: Emitter, acc: list[TensorValue], elem: list[TensorValue]) -> list[TensorValue]:
+        av, ai = acc
+        bv, bi = elem
+        better = em.compare(av, bv, "GT" if largest else "LT")
+        equal = em.compare(av, bv, "EQ")
+        if is_float:
+            a_nan = em.compare(av, av, "NE")
+            b_nan = em.compare(bv, bv, "NE")
+            better = em.binary(hlo.or_, better, em.binary(hlo.and_, a_nan, em.unary(hlo.not_, b_nan)))
+            equal = em.binary(hlo.or_, equal, em.binary(hlo.and_, a_nan, b_nan))
+        first = em.compare(ai, bi, "LT")
+        take_a = em.binary(hlo.or_, better, em.binary(hlo.and_, equal, first))
+        return [em.select(take_a, av, bv), em.select(take_a, ai, bi)]
+
+    values, indices = em.reduce([x, idx], [init_v, init_i], [dim], body)
+    return values, indices
+
+
+def _arg(largest: bool) -> Any:
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int | None = None, keepdim: bool = False) -> TensorValue:
+        if dim is None:
+            flat = em.reshape(x, (max(x.numel, 1) if x.rank else 1,))
+            _, idx = _arg_reduce(em, flat, 0, largest)
+            return em.reshape(idx, tuple(out.shape))
+        d = dim % x.rank if x.rank else 0
+        if x.rank == 0:
+            return em.constant(0, torch.int64)
+        _, idx = _arg_reduce(em, x, d, largest)
+        return _finish(em, out, idx, x.shape, [d], keepdim)
+
+    return lower
+
+
+lowers(aten.argmax.default)(_arg(True))
+lowers(aten.argmin.default)(_arg(False))
+
+
+def _minmax_dim(largest: bool) -> Any:
+    def lower(em: Emitter, out: tuple, x: TensorValue, dim: int, keepdim: bool = False) -> tuple[TensorValue, TensorValue]:
+        if x.rank == 0:
+            return x, em.constant(0, torch.int64)
+        d = dim % x.rank
+        values, idx = _arg_reduce(em, x, d, largest)
+        return (_finish(em, out[0], values, x.shape, [d], keepdim), _finish(em, out[1], idx, x.shape, [d], keepdim))
+
+    return lower
+
+
+lowers(aten.max.dim)(_minmax_dim(True))
+lowers(aten.min.dim)(_minmax_dim(False))
+
+
+def _logical_reduce(kind: str) -> Any:
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorValue:
+        dims = reduction_dims(x.rank, dim)
+        r = em.reduce_simple(em.convert(x, torch.bool), dims, kind)
+        return _finish(em, out, r, x.shape, dims, keepdim)
+
+    return lower
+
+
+lowers(aten.any.default, aten.any.dim, aten.any.dims)(_logical_reduce("or"))
+lowers(aten.all.default, aten.all.dim, aten.all.dims)(_logical_reduce("and"))
+
+
+def _variance(em: Emitter, x: TensorValue, dims: list[int], correction: float, acc: torch.dtype) -> tuple[TensorValue, TensorValue]:
+    """(variance, mean) over ``dims`` with the reduced dims kept."""
+    x = em.convert(x, acc)
+    count = math.prod(x.shape[d] for d in dims)
+    total = keep_dims(em, em.reduce_simple(x, dims, "sum"), x.shape, dims)
+    mean = em.div(total, em.constant(float(count), acc, total.shape))
+    d = em.sub(x, em.broadcast_to(mean, x.shape))
+    sq = keep_dims(em, em.reduce_simple(em.mul(d, d), dims, "sum"), x.shape, dims)
+    denom = max(count - correction, 0)
+    var = em.div(sq, em.constant(float(denom), acc, sq.shape))
+    return var, mean
+
+
+@lowers(aten.var.correction)
+def _var(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> TensorValue:
+    dims = reduction_dims(x.rank, dim)
+    var, _ = _variance(em, x, dims, 1 if correction is None else correction, compute_dtype(out.dtype))
+    var = em.convert(var, out.dtype)
+    return em.reshape(var, tuple(out.shape))
+
+
+@lowers(aten.var_mean.correction)
+def _var_mean(em: Emitter, out: tuple, x: TensorValue, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple[TensorValue, TensorValue]:
+    dims = reduction_dims(x.rank, dim)
+    var, mean = _variance(em, x, dims, 1 if correction is None else correction, compute_dtype(out[0].dtype))
+    return (em.reshape(em.convert(var, out[0].dtype), tuple(out[0].shape)),
+            em.reshape(em.convert(mean, out[1].dtype), tuple(out[1].shape)))
+
+
+def _softmax_parts(em: Emitter, x: TensorValue, dim: int, acc: torch.dtype) -> tuple[TensorValue, TensorValue]:
+    """(x - max, sum(exp(x - max))) along ``dim``, both broadcast back to x's shape."""
+    x = em.convert(x, acc)
+    m = keep_dims(em, em.reduce_simple(x, [dim], "max", nan_propagate=False), x.shape, [dim])
+    shifted = em.sub(x, em.broadcast_to(m, x.shape))
+    e = em.unary(hlo.exponential, shifted)
+    s = keep_dims(em, em.reduce_simple(e, [dim], "sum"), x.shape, [dim])
+    return shifted, em.broadcast_to(s, x.shape)
+
+
+@lowers(aten._softmax.default)
+def _softmax(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, half_to_float: bool = False) -> TensorValue:
+    if x.rank == 0:
+        return em.constant(1.0, out.dtype)
+    d = dim % x.rank
+    shifted, s = _softmax_parts(em, x, d, compute_dtype(out.dtype))
+    return em.convert(em.div(em.unary(hlo.exponential, shifted), s), out.dtype)
+
+
+@lowers(aten._log_softmax.default)
+def _log_softmax(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, half_to_float: bool = False) -> TensorValue:
+    if x.rank == 0:
+        return em.constant(0.0, out.dtype)
+    d = dim % x.rank
+    shifted, s = _softmax_parts(em, x, d, compute_dtype(out.dtype))
+    return em.convert(em.sub(shifted, em.unary(hlo.log, s)), out.dtype)
+
+
+@lowers(aten.cumsum.default)
+def _cumsum(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, *, dtype: torch.dtype | None = None) -> TensorValue:
+    """Inclusive prefix sum as a reduce_window over a window the length of the dimension."""
+    acc = compute_dtype(out.dtype)
+    x = em.convert(x, acc)
+    if x.rank == 0:
+        return em.convert(x, out.dtype)
+    d = dim % x.rank
+    n = x.shape[d]
+    window = [1] * x.rank
+    window[d] = n
+    padding = [[0, 0] for _ in range(x.rank)]
+    padding[d] = [n - 1, 0]
+    init = em.constant(0, acc)
+    op = hlo.ReduceWindowOp(
+        [tensor_type(x.shape, acc)],
+        [x.value],
+        [init.value],
+        window_dimensions=window,
+        padding=ir.DenseElementsAttr.get(np.asarray(padding, dtype=np.int64), type=ir.IntegerType.get_signless(64)),
+    )
+    block = op.regions[0].blocks.append(tensor_type((), acc), tensor_type((), acc))
+    with ir.InsertionPoint(block):
+        hlo.return_([hlo.add(block.arguments[0], block.arguments[1])])
+    return em.convert(TensorValue(op.results[0], x.shape, acc), out.dtype)
+
+
+def _sort(em: Emitter, x: TensorValue, dim: int, descending: bool) -> tuple[TensorValue, TensorValue]:
+    """Stable sort along ``dim`` with int64 indices; NaN sorts as the largest value (torch's order)."""
+    idx = em.iota(x.shape, dim, torch.int64)
+    scalar_types = [tensor_type((), x.dtype), tensor_type((), x.dtype), tensor_type((), torch.int64),
+                    tensor_type((), torch.int64)]
+    op = hlo.SortOp([tensor_type(x.shape, x.dtype), tensor_type(x.shape, torch.int64)], [x.value, idx.value],
+                    dimension=dim, is_stable=True)
+    block = op.regions[0].blocks.append(*scalar_types)
+    with ir.InsertionPoint(block):
+        a, b = block.arguments[0], block.arguments[1]
+        kind = "TOTALORDER" if x.dtype.is_floating_point else ("UNSIGNED" if x.dtype == torch.bool or
+                                                                not x.dtype.is_signed else "SIGNED")
+        direction = "GT" if descending else "LT"
+        less = hlo.compare(a, b, hlo.ComparisonDirectionAttr.get(direction), compare_type=hlo.ComparisonTypeAttr.get(kind))
+        hlo.return_([less])
+    return TensorValue(op.results[0], x.shape, x.dtype), TensorValue(op.results[1], x.shape, torch.int64)
+
+
+@lowers(aten.sort.default)
+def _sort_default(em: Emitter, out: tuple, x: TensorValue, dim: int = -1, descending: bool = False) -> tuple:
+    if x.rank == 0:
+        return x, em.constant(0, torch.int64)
+    return _sort(em, x, dim % x.rank, descending)
+
+
+@lowers(aten.sort.stable)
+def _sort_stable(em: Emitter, out: tuple, x: TensorValue, *, stable: bool | None = None, dim: int = -1,
+                 descending: bool = False) -> tuple:
+    return _sort_default(em, out, x, dim, descending)
+
+
+@lowers(aten.topk.default)
+def _topk(em: Emitter, out: tuple, x: TensorValue, k: int, dim: int = -1, largest: bool = True,
+          sorted: bool = True) -> tuple:
+    if x.rank == 0:
+        return x, em.constant(0, torch.int64)
+    d = dim % x.rank
+    values, indices = _sort(em, x, d, descending=largest)
+    limits = list(x.shape)
+    limits[d] = int(k)
+    starts, strides = [0] * x.rank, [1] * x.rank
+    return em.slice(values, starts, limits, strides), em.slice(indices, starts, limits, strides)

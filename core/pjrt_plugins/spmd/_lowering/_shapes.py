@@ -1,0 +1,294 @@
+"""Lowerings of view and layout ops: view/reshape, permute, expand, squeeze, slice, select, cat, pad, flip.
+
+Views are values here: a view lowers to a reshape/transpose/slice of its base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+from ...errors import LoweringError, UnsupportedOpError
+from ._emitter import Emitter, Operand, TensorValue
+from ._indexing import gather_along
+from ._mlir import tensor_type
+from ._table import lowers
+
+aten = torch.ops.aten
+
+
+@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
+        aten._reshape_alias.default)
+def _view(em: Emitter, out: torch.Tensor, x: TensorValue, *args: Any) -> TensorValue:
+    return em.reshape(x, tuple(out.shape))
+
+
+@lowers(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+        aten.squeeze_copy.dims, aten.unsqueeze_copy.default, aten.flatten.using_ints)
+def _reshape_like(em: Emitter, out: torch.Tensor, x: TensorValue, *args: Any) -> TensorValue:
+    return em.reshape(x, tuple(out.shape))
+
+
+@lowers(aten.permute.default, aten.permute_copy.default)
+def _permute(em: Emitter, out: torch.Tensor, x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    return em.transpose(x, [d % x.rank for d in dims] if x.rank else [])
+
+
+@lowers(aten.t.default, aten.numpy_T.default)
+def _t(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+    return em.transpose(x, list(reversed(range(x.rank))))
+
+
+@lowers(aten.transpose.int)
+def _transpose(em: Emitter, out: torch.Tensor, x: TensorValue, d0: int, d1: int) -> TensorValue:
+    if x.rank == 0:
+        return x
+    perm = list(range(x.rank))
+    d0, d1 = d0 % x.rank, d1 % x.rank
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return em.transpose(x, perm)
+
+
+@lowers(aten.expand.default, aten.expand_copy.default)
+def _expand(em: Emitter, out: torch.Tensor, x: TensorValue, size: Sequence[int], *, implicit: bool = False) -> TensorValue:
+    return em.broadcast_to(x, tuple(out.shape))
+
+
+def _slice_bounds(size: int, start: int | None, end: int | None, step: int) -> tuple[int, int]:
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end
+
+
+@lowers(aten.slice.Tensor, aten.slice_copy.Tensor)
+def _slice(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int = 0, start: int | None = None,
+           end: int | None = None, step: int = 1) -> TensorValue:
+    d = dim % x.rank
+    s, e = _slice_bounds(x.shape[d], start, end, step)
+    starts, limits, strides = [0] * x.rank, list(x.shape), [1] * x.rank
+    starts[d], limits[d], strides[d] = s, e, int(step)
+    return em.slice(x, starts, limits, strides)
+
+
+@lowers(aten.select.int, aten.select_copy.int)
+def _select(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: int) -> TensorValue:
+    d = dim % x.rank
+    i = int(index) + (x.shape[d] if index < 0 else 0)
+    starts, limits, strides = [0] * x.rank, list(x.shape), [1] * x.rank
+    starts[d], limits[d] = i, i + 1
+    return em.reshape(em.slice(x, starts, limits, strides), tuple(out.shape))
+
+
+@lowers(aten.cat.default)
+def _cat(em: Emitter, out: torch.Tensor, tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
+    rank = len(out.shape)
+    d = dim % rank if rank else 0
+    # torch skips legacy empty 1-D tensors of shape (0,) in cat.
+    parts = [em.convert(t, out.dtype) for t in tensors if not (t.rank == 1 and t.shape[0] == 0 and rank != 1)]
+    parts = [p for p in parts if p.shape[d] != 0] or parts[:1]
+    if len(parts) == 1:
+        return em.reshape(parts[0], tuple(out.shape))
+    return em.concatenate(parts, d)
+
+
+@lowers(aten.constant_pad_nd.default)
+def _pad(em: Emitter, out: torch.Tensor, x: TensorValue, pad: Sequence[int], value: Operand = 0) -> TensorValue:
+    low, high = [0] * x.rank, [0] * x.rank
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        low[d], high[d] = int(pad[2 * i]), int(pad[2 * i + 1])
+    # Negative padding crops: pad with the non-negative part, then slice.
+    pos_low, pos_high = [max(v, 0) for v in low], [max(v, 0) for v in high]
+    shape = [s + lo + hi for s, lo, hi in zip(x.shape, pos_low, pos_high)]
+    v = hlo.pad(x.value, em.constant(value, x.dtype).value, pos_low, pos_high, [0] * x.rank,
+                results=[tensor_type(shape, x.dtype)])
+    y = TensorValue(v, tuple(shape), x.dtype)
+    if any(v < 0 for v in low + high):
+        starts = [max(-v, 0) for v in low]
+        limits = [s - max(-v, 0) for s, v in zip(shape, high)]
+        y = em.slice(y, starts, limits, [1] * x.rank)
+    return y
+
+
+@lowers(aten.flip.default)
+def _flip(em: Emitter, out: torch.Tensor, x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    if not dims or x.rank == 0:
+        return x
+    return TensorValue(hlo.reverse(x.value, sorted(d % x.rank for d in dims)), x.shape, x.dtype)
+
+
+def _scatter_slice(em: Emitter, x: TensorValue, src: TensorValue, d: int, start: int, end: int, step: int) -> TensorValue:
+    """``x`` with ``x[..., start:end:step, ...] = src`` along dimension ``d`` (static positions)."""
+    src = em.convert(src, x.dtype)
+    if step == 1:
+        idx = [em.constant(start if i == d else 0, torch.int64).value for i in range(x.rank)]
+        return TensorValue(hlo.dynamic_update_slice(x.value, src.value, idx), x.shape, x.dtype)
+    # Strided: interleave with a mask built from iota.
+    n = x.shape[d]
+    iota = em.iota(x.shape, d, torch.int64)
+    rel = em.sub(iota, em.constant(start, torch.int64, x.shape))
+    in_range = em.binary(hlo.and_, em.compare(iota, em.constant(start, torch.int64, x.shape), "GE"),
+                         em.compare(iota, em.constant(end, torch.int64, x.shape), "LT"))
+    on_step = em.compare(em.binary(hlo.remainder, rel, em.constant(step, torch.int64, x.shape)),
+                         em.constant(0, torch.int64, x.shape), "EQ")
+    mask = em.binary(hlo.and_, in_range, on_step)
+    # Spread src along d to full size: pad with interior padding step-1.
+    low = [0] * x.rank
+    high = [0] * x.rank
+    interior = [0] * x.rank
+    low[d] = start
+    interior[d] = step - 1
+    m = src.shape[d]
+    spread = start + (m - 1) * step + 1 if m else start
+    high[d] = n - spread
+    if high[d] < 0:
+        raise LoweringError("internal: slice_scatter source does not fit")
+    v = hlo.pad(src.value, em.constant(0, x.dtype).value, low, high, interior, results=[tensor_type(x.shape, x.dtype)])
+    return em.select(mask, TensorValue(v, x.shape, x.dtype), x)
+
+
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(em: Emitter, out: torch.Tensor, x: TensorValue, src: TensorValue, dim: int = 0,
+                   start: int | None = None, end: int | None = None, step: int = 1) -> TensorValue:
+    d = dim % x.rank
+    s, e = _slice_bounds(x.shape[d], start, end, step)
+    return _scatter_slice(em, x, src, d, s, e, int(step))
+
+
+@lowers(aten.select_scatter.default)
+def _select_scatter(em: Emitter, out: torch.Tensor, x: TensorValue, src: TensorValue, dim: int, index: int) -> TensorValue:
+    d = dim % x.rank
+    i = int(index) + (x.shape[d] if index < 0 else 0)
+    shape = list(x.shape)
+    shape[d] = 1
+    return _scatter_slice(em, x, em.reshape(src, shape), d, i, i + 1, 1)
+
+
+@lowers(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def _split_with_sizes(em: Emitter, out: Any, x: TensorValue, sizes: Sequence[int], dim: int = 0) -> tuple:
+    d = dim % x.rank
+    parts, start = [], 0
+    for size in sizes:
+        starts, limits = [0] * x.rank, list(x.shape)
+        starts[d], limits[d] = start, start + int(size)
+        parts.append(em.slice(x, starts, limits, [1] * x.rank))
+        start += int(size)
+    return tuple(parts)
+
+
+@lowers(aten.split.Tensor)
+def _split(em: Emitter, out: Any, x: TensorValue, split_size: int, dim: int = 0) -> tuple:
+    d = dim % x.rank
+    n = x.shape[d]
+    sizes = [min(split_size, n - s) for s in range(0, n, split_size)] or [0]
+    return _split_with_sizes(em, out, x, sizes, d)
+
+
+@lowers(aten.unbind.int)
+def _unbind(em: Emitter, out: Any, x: TensorValue, dim: int = 0) -> tuple:
+    d = dim % x.rank
+    shape = [s for i, s in enumerate(x.shape) if i != d]
+    return tuple(em.reshape(p, shape) for p in _split_with_sizes(em, out, x, [1] * x.shape[d], d))
+
+
+@lowers(aten.stack.default)
+def _stack(em: Emitter, out: torch.Tensor, tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
+    rank = len(out.shape)
+    d = dim % rank
+    parts = []
+    for t in tensors:
+        shape = list(t.shape)
+        shape.insert(d, 1)
+        parts.append(em.reshape(em.convert(t, out.dtype), shape))
+    return em.concatenate(parts, d) if len(parts) > 1 else parts[0]
+
+
+@lowers(aten.repeat.default)
+def _repeat(em: Emitter, out: torch.Tensor, x: TensorValue, repeats: Sequence[int]) -> TensorValue:
+    reps = [int(r) for r in repeats]
+    lead = len(reps) - x.rank
+    shape = [1] * lead + list(x.shape)
+    x = em.reshape(x, shape)
+    # Broadcast to (r0, s0, r1, s1, ...) then merge pairs.
+    bshape, dims = [], []
+    for i, (r, s) in enumerate(zip(reps, shape)):
+        bshape += [r, s]
+        dims.append(2 * i + 1)
+    b = em.broadcast_in_dim(x, bshape, dims)
+    return em.reshape(b, tuple(out.shape))
+
+
+@lowers(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(em: Emitter, out: torch.Tensor, x: TensorValue, size: Sequence[int], stride: Sequence[int],
+                storage_offset: int | None = None) -> TensorValue:
+    """A strided view of a contiguous tensor: a gather from its flattened elements.
+
+    The strides refer to the input's storage, so the input must be contiguous with no
+    offset of its own (torch's decompositions of ``diagonal`` etc. give such inputs).
+    """
+    base = em.node.args[0].meta.get("val") if em.node is not None else None
+    if not isinstance(base, torch.Tensor) or not base.is_contiguous() or base.storage_offset() != 0:
+        raise UnsupportedOpError("aten.as_strided.default",
+                                 "aten.as_strided of a non-contiguous view is not supported on the pjrt device; "
+                                 "call .contiguous() first")
+    size = tuple(int(s) for s in size)
+    offset = int(storage_offset or 0)
+    flat = em.reshape(x, (x.numel,))
+    index = em.constant(offset, torch.int64, size)
+    for d, st in enumerate(stride):
+        if size[d] > 1 and st != 0:
+            index = em.add(index, em.mul(em.iota(size, d, torch.int64), em.constant(int(st), torch.int64, size)))
+    return em.reshape(gather_along(em, flat, 0, index), size)
+
+
+def _triangle(em: Emitter, x: TensorValue, diagonal: int, lower: bool) -> TensorValue:
+    """Keep the lower (``tril``) or upper (``triu``) triangle of the last two dimensions."""
+    rows, cols = x.shape[-2], x.shape[-1]
+    r = em.iota((rows, cols), 0, torch.int64)
+    c = em.iota((rows, cols), 1, torch.int64)
+    shifted = em.add(r, em.constant(int(diagonal), torch.int64, (rows, cols)))
+    keep = em.compare(c, shifted, "LE" if lower else "GE")
+    return em.select(em.broadcast_to(keep, x.shape), x, em.constant(0, x.dtype, x.shape))
+
+
+@lowers(aten.tril.default)
+def _tril(em: Emitter, out: torch.Tensor, x: TensorValue, diagonal: int = 0) -> TensorValue:
+    return _triangle(em, x, diagonal, lower=True)
+
+
+@lowers(aten.triu.default)
+def _triu(em: Emitter, out: torch.Tensor, x: TensorValue, diagonal: int = 0) -> TensorValue:
+    return _triangle(em, x, diagonal, lower=False)
+
+
+@lowers(aten.roll.default)
+def _roll(em: Emitter, out: torch.Tensor, x: TensorValue, shifts: Sequence[int], dims: Sequence[int] = ()) -> TensorValue:
+    """Rotate along each of ``dims`` (or the flattened tensor when none are given) with two slices."""
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    if not dims:
+        flat = em.reshape(x, (x.numel,))
+        return em.reshape(_roll(em, out, flat, shifts, [0]), x.shape)
+    y = x
+    for shift, dim in zip(shifts, dims):
+        d = dim % y.rank
+        n = y.shape[d]
+        if n == 0 or shift % n == 0:
+            continue
+        k = shift % n
+        starts, limits, strides = [0] * y.rank, list(y.shape), [1] * y.rank
+        head_starts = list(starts)
+        head_starts[d] = n - k
+        tail_limits = list(limits)
+        tail_limits[d] = n - k
+        y = em.concatenate([em.slice(y, head_starts, limits, strides), em.slice(y, starts, tail_limits, strides)], d)
+    return y

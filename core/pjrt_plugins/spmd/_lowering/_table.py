@@ -1,0 +1,41 @@
+"""The op table: which ATen operator is lowered by which function.
+
+A lowering is ``fn(em, out, *args, **kwargs)``: ``em`` the :class:`Emitter`, ``out`` the
+node's output metadata (a meta tensor, or a tuple of them), tensor arguments as
+:class:`TensorValue`; it returns a TensorValue or a tuple of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+LoweringFn = Callable[..., Any]
+
+LOWERINGS: dict[Any, LoweringFn] = {}
+#: Operators that draw random numbers: a module using one gets an RNG key argument.
+RANDOM_OPS: set[Any] = set()
+
+
+def lowers(*ops: Any, random: bool = False) -> Callable[[LoweringFn], LoweringFn]:
+    """Register the decorated function as the lowering of ``ops`` (OpOverloads)."""
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            if not isinstance(op, torch._ops.OpOverload):
+                raise TypeError(f"register overloads, not {op!r}")
+            LOWERINGS[op] = fn
+            if random:
+                RANDOM_OPS.add(op)
+        return fn
+
+    return register
+
+
+def op_name(target: Any) -> str:
+    """``aten.add.Tensor`` style name of an operator (or the repr of anything else)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    return getattr(target, "__name__", repr(target))

@@ -1,0 +1,91 @@
+"""Shared helpers for the lowering and execution tests (issue 6): the 8-device CPU plugin, tracing, comparing.
+
+Import fixtures from here into a test module (``from _exec_support import engine  # noqa: F401``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd import _device, _executor, _lazy
+from pjrt_plugins.spmd._sharding import ShardingSpec
+
+MESH_SHAPE = (2, 4)
+NUM_DEVICES = 8
+
+
+def ensure_cpu8() -> Any:
+    """pjrt:0 on the real CPU plugin with 8 devices, SPMD on (reusing the client when it already is)."""
+    vd = _device.peek_virtual_device()
+    if vd is None or vd.spmd is False or vd.num_devices != NUM_DEVICES or getattr(vd.plugin, "name", None) != "cpu":
+        _device.set_spmd(True)
+        xs.set_plugin("cpu", options={"cpu_device_count": NUM_DEVICES})
+        vd = xs.virtual_device()
+    return vd
+
+
+@pytest.fixture
+def engine() -> Any:
+    """The 8-device CPU virtual device with the execution state reset (metrics, pending graph, fallback)."""
+    vd = ensure_cpu8()
+    _lazy.sync()
+    _lazy.set_cpu_fallback(False)
+    _executor.reset_metrics()
+    yield vd
+    _lazy.set_cpu_fallback(False)
+
+
+def spec(*partition: Any, mesh_shape: Sequence[int] = MESH_SHAPE) -> ShardingSpec:
+    """The sharding of a partition spec on a mesh over devices 0..7."""
+    return ShardingSpec.from_partition_spec(tuple(mesh_shape), range(NUM_DEVICES), partition)
+
+
+def trace(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.GraphModule:
+    """``fn`` as a graph of core ATen ops (make_fx with torch's core decompositions)."""
+    return make_fx(fn, decomposition_table=core_aten_decompositions())(*args)
+
+
+def run(fn: Callable[..., Any], args: Sequence[torch.Tensor], shardings: Sequence[Any] | None = None) -> tuple[list, Any]:
+    """Trace ``fn``, run it sharded on the 8 devices; returns (outputs on the CPU, compiled program)."""
+    gm = trace(fn, *args)
+    return _executor.run_graph(gm, list(args), shardings)
+
+
+def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Same shape and dtype; floats within ``rtol`` (relative to the reference's scale), others exact."""
+    ref = ref.detach()
+    assert tuple(out.shape) == tuple(ref.shape), f"{name}: shape {tuple(out.shape)} != torch's {tuple(ref.shape)}"
+    assert out.dtype == ref.dtype, f"{name}: dtype {out.dtype} != torch's {ref.dtype}"
+    if ref.dtype.is_floating_point:
+        o, r = out.double(), ref.double()
+        same_nan = torch.equal(torch.isnan(o), torch.isnan(r))
+        assert same_nan, f"{name}: NaN positions differ"
+        finite = torch.isfinite(r)
+        assert torch.equal(o[~finite & ~torch.isnan(r)], r[~finite & ~torch.isnan(r)]), f"{name}: infinities differ"
+        err = (o[finite] - r[finite]).abs()
+        bound = atol + rtol * r[finite].abs()
+        if err.numel():
+            worst = (err - bound).argmax()
+            assert bool((err <= bound).all()), (
+                f"{name}: max error {err.max().item():.3g} (at ref {r[finite][worst].item():.6g}, "
+                f"got {o[finite][worst].item():.6g}) exceeds rtol={rtol} atol={atol}"
+            )
+    else:
+        assert torch.equal(out, ref), f"{name}: values differ from torch"
+
+
+def check_all(names: Sequence[str], outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
+              tolerances: dict[str, tuple[float, float]] | None = None) -> None:
+    """Compare every output with torch, naming the op of the first mismatch."""
+    assert len(outs) == len(refs) == len(names)
+    tolerances = tolerances or {}
+    for name, o, r in zip(names, outs, refs):
+        rtol, atol = tolerances.get(name, (1e-5, 1e-6))
+        assert_close(name, o, r, rtol, atol)

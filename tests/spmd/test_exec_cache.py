@@ -1,0 +1,134 @@
+"""The compile cache: keyed by graph structure (ops, shapes, dtypes, shardings, plugin), optionally on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+import pjrt_plugins
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd import _executor
+
+from _exec_support import engine, spec, trace  # noqa: F401
+
+
+def _key(fn, *args, shardings=(), vd=None, **options):
+    gm = trace(fn, *args)
+    for node, s in zip([n for n in gm.graph.nodes if n.op == "placeholder"], shardings):
+        node.meta["sharding"] = s
+    opts = _executor.LoweringOptions(**options) if options else _executor.LoweringOptions()
+    return _executor.program_key(gm.graph, opts, ("plugin", "1.0"))
+
+
+def test_key_depends_on_structure_not_values():
+    a = _key(lambda x: x * 2 + 1, torch.randn(4, 4))
+    assert a == _key(lambda x: x * 2 + 1, torch.randn(4, 4))  # other values
+    assert a != _key(lambda x: x * 3 + 1, torch.randn(4, 4))  # another constant
+    assert a != _key(lambda x: x * 2 - 1, torch.randn(4, 4))  # another op
+    assert a != _key(lambda x: x * 2 + 1, torch.randn(4, 5))  # another shape
+    assert a != _key(lambda x: x * 2 + 1, torch.randn(4, 4, dtype=torch.float64))  # another dtype
+    assert a != _key(lambda x: x * 2 + 1, torch.randn(4, 4), shardings=[spec(0, 1)])  # another sharding
+    assert a != _key(lambda x: x * 2 + 1, torch.randn(4, 4), dense_gather_factor=8192)  # other plugin answers
+    assert a != _key(lambda x: x * 2 + 1, torch.randn(4, 4), rng_algorithm="philox")
+
+
+def test_key_depends_on_the_plugin_and_its_version():
+    gm = trace(lambda x: x + 1, torch.randn(2))
+    opts = _executor.LoweringOptions()
+    assert _executor.program_key(gm.graph, opts, ("cpu", "0.1")) != _executor.program_key(gm.graph, opts, ("cpu", "0.2"))
+    assert _executor.program_key(gm.graph, opts, ("cpu", "0.1")) != _executor.program_key(gm.graph, opts, ("gpu", "0.1"))
+
+
+def test_same_step_hits_other_shapes_and_shardings_compile(engine):
+    mesh = xs.Mesh(range(8), (2, 4))
+    _executor.clear_compile_cache()
+
+    def step(x):
+        return ((x * 2).sum(0) + 1).cpu()
+
+    step(torch.randn(8, 8).to("pjrt"))
+    step(torch.randn(8, 8).to("pjrt"))
+    assert (_executor.metrics().compiles, _executor.metrics().cache_hits) == (1, 1)
+    step(torch.randn(8, 16).to("pjrt"))
+    assert _executor.metrics().compiles == 2
+    step(xs.mark_sharding(torch.randn(8, 16).to("pjrt"), mesh, (0, 1)))
+    assert _executor.metrics().compiles == 3
+    assert _executor.compiled_programs() == 3
+
+
+class _GatherFactor:
+    @pjrt_plugins.hookimpl
+    def pjrt_dense_gather_factor(self) -> int:
+        return 8192
+
+
+def test_changing_a_plugin_answer_recompiles(engine):
+    _executor.clear_compile_cache()
+    x = torch.randn(4, 4).to("pjrt")
+    (x + 1).cpu()
+    override = engine.plugin.add_override(_GatherFactor())
+    try:
+        (x + 1).cpu()
+    finally:
+        engine.plugin.remove_override(override)
+    assert _executor.metrics().compiles == 2
+
+
+_STEP = """
+import json, torch
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd import _executor
+xs.set_plugin("cpu", options={"cpu_device_count": 8})
+mesh = xs.Mesh(range(8), (2, 4))
+x = xs.mark_sharding(torch.arange(64.0).reshape(8, 8).to("pjrt"), mesh, (0, 1))
+y = (x @ x.T).relu().sum(1)
+result = {"out": y.cpu().tolist(), "sharding": y.sharding_spec}
+"""
+
+
+def test_compiled_programs_persist_across_processes(engine, tmp_path):
+    cache = tmp_path / "cache"
+    # This process compiles and writes the cache entry ...
+    _executor.set_cache_dir(cache)
+    try:
+        _executor.clear_compile_cache()
+        scope: dict = {}
+        exec(_STEP, scope)
+        here = scope["result"]
+        assert (_executor.metrics().compiles, _executor.metrics().persistent_cache_hits) == (1, 0)
+    finally:
+        _executor.set_cache_dir(None)
+    assert len(list(cache.glob("*.exe"))) == 1
+    # ... and a fresh process loads it instead of compiling.
+    child = _STEP + textwrap.dedent("""
+        m = _executor.metrics()
+        result.update(compiles=m.compiles, persistent=m.persistent_cache_hits)
+        print(json.dumps(result))
+    """)
+    env = dict(os.environ, PJRT_PLUGINS_CACHE_DIR=str(cache), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    there = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (there["compiles"], there["persistent"]) == (0, 1)
+    x = torch.arange(64.0).reshape(8, 8)
+    assert here["out"] == there["out"] == (x @ x.T).relu().sum(1).tolist()
+    assert here["sharding"] == there["sharding"]
+
+
+def test_changing_float_operands_reuse_the_program(engine):
+    _executor.clear_compile_cache()
+    x = torch.randn(4, 4)
+    t = x.to("pjrt")
+    for scale in (0.37, 0.41, 1e-3):
+        assert torch.allclose((t * scale + scale).cpu(), x * scale + scale)
+    assert _executor.metrics().compiles == 1
+    assert _executor.last_program().lowered.scalars_input is not None  # the floats are one run-time input
+    # Values a lowering special-cases (x ** 2 is x * x) stay part of the program.
+    for exponent in (2.0, 2.5):
+        assert torch.allclose((t.abs() ** exponent).cpu(), x.abs() ** exponent)
+    assert _executor.metrics().compiles == 3

@@ -1,0 +1,90 @@
+"""Clear errors for what the pjrt device cannot run, and the opt-in, counted CPU fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.errors import CpuFallbackWarning, UnsupportedOpError
+from pjrt_plugins.spmd import _executor, _lazy
+from pjrt_plugins.spmd._data import TensorState
+
+from _exec_support import assert_close, engine  # noqa: F401
+
+
+def test_unsupported_op_gives_an_error_naming_the_op(engine):
+    x = torch.randn(4, 4)
+    t = x.to("pjrt")
+    y = t * 2  # pending work before the bad op survives it
+    with pytest.raises(UnsupportedOpError, match=r"aten\._fft_r2c\.default") as info:
+        torch.fft.rfft(t)
+    assert info.value.op == "aten._fft_r2c.default"
+    assert "set_cpu_fallback" in str(info.value)
+    assert _executor.metrics().executions == 0
+    assert_close("pending work", y.cpu(), x * 2)
+
+
+def test_data_dependent_shapes_are_refused_with_a_hint(engine):
+    t = torch.randn(4, 4).to("pjrt")
+    with pytest.raises(UnsupportedOpError, match="output shape is not known"):
+        t[t > 0]
+
+
+def test_out_forms_are_refused_without_recursing(engine):
+    t = torch.randn(4).to("pjrt")
+    with pytest.raises(UnsupportedOpError, match="out="):
+        torch.add(t, t, out=torch.empty(4).to("pjrt"))
+
+
+def test_explicit_generators_are_refused(engine):
+    t = torch.rand(4, 4).to("pjrt")
+    with pytest.raises(UnsupportedOpError, match="torch.Generator"):
+        torch.bernoulli(t, generator=torch.Generator().manual_seed(0))
+
+
+def test_combining_with_another_device_is_an_error(engine):
+    t = torch.randn(4).to("pjrt")
+    with pytest.raises(Exception, match="meta"):
+        t + torch.randn(4, device="meta")
+
+
+def test_cpu_fallback_is_off_by_default_and_when_on_warns_and_counts(engine):
+    x = torch.randn(5, 7)
+    t = xs.mark_sharding(x.to("pjrt"), xs.Mesh(range(8), (2, 4)), (None, None))
+    assert not _lazy.cpu_fallback_enabled()
+    with pytest.raises(UnsupportedOpError, match="linalg_cholesky"):
+        torch.linalg.cholesky(t @ t.T + torch.eye(5).to("pjrt"))
+    _lazy.set_cpu_fallback(True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chol = torch.linalg.cholesky(t @ t.T + torch.eye(5).to("pjrt"))
+        out = (chol * 2).cpu()
+    assert any(issubclass(w.category, CpuFallbackWarning) and "linalg_cholesky" in str(w.message) for w in caught)
+    assert isinstance(chol, xs.XLAShardedTensor)
+    assert_close("cholesky via the CPU", out, torch.linalg.cholesky(x @ x.T + torch.eye(5)) * 2, rtol=1e-5, atol=1e-5)
+    m = _executor.metrics()
+    # cholesky runs linalg_cholesky_ex, then checks its info output: both went to the CPU.
+    assert m.fallback_ops == {"aten.linalg_cholesky_ex.default": 1, "aten._linalg_check_errors.default": 1}
+    assert m.fallbacks == 2
+    assert "cpu fallbacks:         2" in m.report()
+
+
+def test_a_failed_graph_leaves_its_tensors_with_a_clear_error(engine, monkeypatch):
+    t = torch.randn(4).to("pjrt")
+    y = t + 1
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("compiler exploded")
+
+    monkeypatch.setattr(_executor, "compile_graph", broken)
+    with pytest.raises(RuntimeError, match="compiler exploded"):
+        xs.sync()
+    monkeypatch.undo()
+    assert y._pjrt_data.state is TensorState.LAZY
+    with pytest.raises(Exception, match="failed earlier"):
+        y.cpu()
+    # New work is unaffected.
+    assert_close("after a failure", (t * 3).cpu(), t.cpu() * 3)
