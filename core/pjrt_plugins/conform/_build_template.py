@@ -1,0 +1,57 @@
+"""setuptools hook: built wheels of pjrt-plugins carry the plugin template for ``pjrt-plugins new-plugin``.
+
+The template's only copy in the repository is ``plugins/stub_neuron``; this copies its
+files (``_template_files.TEMPLATE_FILES``) into ``pjrt_plugins/conform/_template`` of
+the wheel. Editable installs skip it: new-plugin reads the source tree directly.
+Loaded by setuptools by file path, so it imports nothing from pjrt_plugins.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from setuptools.command.build_py import build_py
+
+
+def _template_constants() -> dict:
+    source = Path(__file__).with_name("_template_files.py").read_text(encoding="utf-8")
+    constants: dict = {}
+    exec(compile(source, "_template_files.py", "exec"), constants)  # plain constants, see that module
+    return constants
+
+
+def copy_template(source: Path, destination: Path) -> list[Path]:
+    """Copy the template files from ``source`` to ``destination``; returns the files written."""
+    constants = _template_constants()
+    written = []
+    for pattern in constants["TEMPLATE_FILES"]:
+        for path in sorted(source.glob(pattern)):
+            if not path.is_file():
+                continue
+            target = destination / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            written.append(target)
+    return written
+
+
+class BuildPyWithTemplate(build_py):
+    """build_py that also packs ``plugins/stub_neuron`` as package data (non-editable builds only)."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        constants = _template_constants()
+        source = Path(constants["TEMPLATE_SOURCE"])  # setuptools builds from the project root
+        destination = Path(self.build_lib) / "pjrt_plugins" / "conform" / constants["PACKAGED_TEMPLATE"]
+        markers = [source / marker for marker in constants["TEMPLATE_MARKERS"]]
+        if not all(marker.is_file() for marker in markers):
+            self.warn(
+                f"{source} is not here, so this build of pjrt-plugins carries no plugin template; "
+                "`pjrt-plugins new-plugin` will then need --template"
+            )
+            return
+        written = copy_template(source, destination)
+        self.announce(f"packed {len(written)} template files from {source} into {destination}", level=2)

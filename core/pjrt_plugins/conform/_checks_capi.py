@@ -1,0 +1,735 @@
+"""Checks of the PJRT C API library: ABI and version, initialize and attributes, client, devices,
+memories, error reporting, buffers of every dtype, compile and execute, multi-device execution.
+
+Everything goes through :mod:`pjrt_plugins.runtime`; only the struct-size probes
+build args structs by hand, with the runtime's own declarations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import ApiVersionError, PjrtError, PluginInitializeTimeoutError, PluginUnavailableError
+from ._context import Context
+from ._framework import Check, Fail, Skip, Unsupported, add_check, check
+
+#: absl status codes used below.
+_INVALID_ARGUMENT, _NOT_FOUND, _FAILED_PRECONDITION, _UNIMPLEMENTED, _UNAVAILABLE = 3, 5, 9, 12, 14
+
+#: Functions without which pjrt-plugins cannot create a client, list devices or move a buffer.
+REQUIRED_FUNCTIONS = (
+    "PJRT_Error_Destroy",
+    "PJRT_Error_Message",
+    "PJRT_Error_GetCode",
+    "PJRT_Plugin_Initialize",
+    "PJRT_Event_Destroy",
+    "PJRT_Event_IsReady",
+    "PJRT_Event_Error",
+    "PJRT_Event_Await",
+    "PJRT_Client_Create",
+    "PJRT_Client_Destroy",
+    "PJRT_Client_PlatformName",
+    "PJRT_Client_ProcessIndex",
+    "PJRT_Client_PlatformVersion",
+    "PJRT_Client_Devices",
+    "PJRT_Client_AddressableDevices",
+    "PJRT_Client_LookupDevice",
+    "PJRT_Client_BufferFromHostBuffer",
+    "PJRT_DeviceDescription_Id",
+    "PJRT_DeviceDescription_ProcessIndex",
+    "PJRT_DeviceDescription_Kind",
+    "PJRT_DeviceDescription_ToString",
+    "PJRT_Device_GetDescription",
+    "PJRT_Device_IsAddressable",
+    "PJRT_Device_LocalHardwareId",
+    "PJRT_Buffer_Destroy",
+    "PJRT_Buffer_ElementType",
+    "PJRT_Buffer_Dimensions",
+    "PJRT_Buffer_OnDeviceSizeInBytes",
+    "PJRT_Buffer_Device",
+    "PJRT_Buffer_Delete",
+    "PJRT_Buffer_IsDeleted",
+    "PJRT_Buffer_ToHostBuffer",
+    "PJRT_Buffer_ReadyEvent",
+)
+
+#: Optional capabilities, named for the report when a plugin offers none of their functions.
+OPTIONAL_GROUPS = {
+    "memories": ("PJRT_Client_AddressableMemories", "PJRT_Device_DefaultMemory", "PJRT_Memory_Kind"),
+    "compile and execute": ("PJRT_Client_Compile", "PJRT_LoadedExecutable_Execute"),
+    "executable serialization": ("PJRT_Executable_Serialize", "PJRT_Executable_DeserializeAndLoad"),
+    "device-to-device copies": ("PJRT_Buffer_CopyToDevice",),
+    "default device assignment": ("PJRT_Client_DefaultDeviceAssignment",),
+}
+
+
+# -- the runtime internals the raw probes need (kept in one place) ------------------------------
+
+
+def _client_handle(client: Any) -> Any:
+    """The live ``PJRT_Client*`` (raises if the client is closed)."""
+    return client._check_open()
+
+
+def _buffer_handle(buffer: Any) -> Any:
+    """The live ``PJRT_Buffer*`` (raises if the buffer was released)."""
+    return buffer._handle()
+
+
+def _api_version_struct_size(library: Any) -> int:
+    """``PJRT_Api.pjrt_api_version.struct_size`` as the plugin reports it."""
+    return int(library._api.pjrt_api_version.struct_size)
+
+
+def _lib_warnings(action: Any) -> tuple[Any, list[str]]:
+    """Run ``action()`` and collect the warnings the runtime's library module logs meanwhile."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    runtime_logger = logging.getLogger("pjrt_plugins.runtime._library")
+    handler = Collect(logging.WARNING)
+    runtime_logger.addHandler(handler)
+    try:
+        return action(), messages
+    finally:
+        runtime_logger.removeHandler(handler)
+
+
+# -- ABI and version --------------------------------------------------------------------------
+
+
+@check("abi.load", "the library opens and exports GetPjrtApi", requires=("python.load",), essential=True)
+def check_abi_load(ctx: Context) -> str:
+    try:
+        path = ctx.library_path
+    except PluginUnavailableError as exc:
+        raise Skip(f"no library to check: {exc}") from None
+    try:
+        library = ctx.library
+    except ApiVersionError:
+        return f"opened {path}; GetPjrtApi answered (its version is checked next)"
+    return f"opened {path}; GetPjrtApi returned a {library.api_struct_size}-byte PJRT_Api"
+
+
+@check("abi.version", "the PJRT C API version is one pjrt-plugins speaks", requires=("abi.load",), essential=True)
+def check_abi_version(ctx: Context) -> str:
+    from ..runtime._cdef import HEADER_MINOR, MIN_SUPPORTED_MINOR
+
+    try:
+        library = ctx.library
+    except ApiVersionError as exc:
+        raise Fail(str(exc)) from None
+    major, minor = library.api_version
+    supported = f"pjrt-plugins speaks 0.{MIN_SUPPORTED_MINOR} to 0.{HEADER_MINOR}"
+    if minor > HEADER_MINOR:
+        return f"PJRT C API {major}.{minor}: newer than the 0.{HEADER_MINOR} layout; newer functions are not used ({supported})"
+    return f"PJRT C API {major}.{minor} ({supported})"
+
+
+@check("abi.struct_sizes", "PJRT_Api and its version struct are as large as the version claims",
+       requires=("abi.version",), essential=True)
+def check_abi_struct_sizes(ctx: Context) -> str:
+    from ..runtime import _cdef
+
+    library = ctx.library
+    minor = min(library.api_version[1], _cdef.HEADER_MINOR)
+    known = [s for s in _cdef.API_SLOTS if s.added <= minor and s.name not in _cdef.ADDED_BY_AT_LATEST]
+    last = max(known, key=lambda s: _cdef.slot_end(s.name))
+    needed = _cdef.slot_end(last.name)
+    size = library.api_struct_size
+    if size < needed:
+        raise Fail(
+            f"PJRT_Api.struct_size is {size} bytes, but a PJRT C API 0.{library.api_version[1]} table holds at "
+            f"least {needed} (through {last.name}); set struct_size to PJRT_Api_STRUCT_SIZE of the header you "
+            "build against"
+        )
+    version_size = _api_version_struct_size(library)
+    expected_version = _cdef.STRUCT_SIZE["PJRT_Api_Version"]
+    if version_size < expected_version:
+        raise Fail(
+            f"PJRT_Api.pjrt_api_version.struct_size is {version_size}, expected at least {expected_version} "
+            "(PJRT_Api_Version_STRUCT_SIZE)"
+        )
+    slots = (size - _cdef.SLOT_BASE_OFFSET) // _cdef.POINTER_SIZE
+    return f"PJRT_Api is {size} bytes ({slots} function slots; 0.{library.api_version[1]} needs >= {needed}); version struct {version_size} bytes"
+
+
+@check("abi.functions", "the functions every client needs are present (slots gated by struct_size, non-NULL)",
+       requires=("abi.version",), essential=True)
+def check_abi_functions(ctx: Context) -> str:
+    from ..runtime._cdef import API_SLOTS
+
+    library = ctx.library
+    missing = [name for name in REQUIRED_FUNCTIONS if not library.has_function(name)]
+    if missing:
+        raise Fail(
+            f"missing {len(missing)} required function{'s' if len(missing) != 1 else ''}: {', '.join(missing)}. "
+            "pjrt-plugins needs them to create a client, list devices and move buffers"
+        )
+    provided = sum(library.has_function(slot.name) for slot in API_SLOTS)
+    absent = [group for group, names in OPTIONAL_GROUPS.items() if not all(library.has_function(n) for n in names)]
+    tail = f"; not offered: {', '.join(absent)}" if absent else ""
+    return f"{provided} of {len(API_SLOTS)} known functions present, all {len(REQUIRED_FUNCTIONS)} required ones{tail}"
+
+
+@check("abi.extensions", "the extension chain is well formed", requires=("abi.version",))
+def check_abi_extensions(ctx: Context) -> str:
+    extensions, problems = _lib_warnings(lambda: ctx.library.extensions)
+    if problems:
+        raise Fail("; ".join(problems))
+    if not extensions:
+        return "no extensions"
+    return ", ".join(f"{name} ({kind})" for kind, name in extensions)
+
+
+# -- initialize and attributes ----------------------------------------------------------------
+
+
+@check("plugin.initialize", "PJRT_Plugin_Initialize returns in time", requires=("abi.functions", "python.preflight"),
+       essential=True)
+def check_initialize(ctx: Context) -> str:
+    started = time.monotonic()
+    try:
+        ctx.initialize()
+    except PluginInitializeTimeoutError as exc:
+        raise Fail(str(exc)) from None
+    except PluginUnavailableError as exc:
+        raise Skip(f"the plugin's preflight refuses to initialize here (not a defect): {exc}") from None
+    return f"initialized in {time.monotonic() - started:.2f} s"
+
+
+@check("plugin.attributes", "PJRT_Plugin_Attributes lists well-typed attributes", requires=("plugin.initialize",))
+def check_attributes(ctx: Context) -> str:
+    library = ctx.library
+    if not library.has_function("PJRT_Plugin_Attributes"):
+        raise Unsupported("PJRT_Plugin_Attributes is not provided")
+    attributes = library.attributes
+    bad = [k for k, v in attributes.items() if not isinstance(k, str) or not isinstance(v, (str, int, float, bool, tuple))]
+    if bad:
+        raise Fail(f"attributes with unusable names or values: {bad}")
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(attributes.items())[:6])
+    more = f", +{len(attributes) - 6} more" if len(attributes) > 6 else ""
+    return f"{len(attributes)} attributes: {shown}{more}" if attributes else "no attributes"
+
+
+# -- client, devices, memories ----------------------------------------------------------------
+
+
+@check("client.create", "PJRT_Client_Create makes a client", requires=("plugin.initialize", "python.create_options"),
+       essential=True)
+def check_client_create(ctx: Context) -> str:
+    started = time.monotonic()
+    try:
+        client = ctx.client
+    except PluginInitializeTimeoutError as exc:
+        raise Fail(str(exc)) from None
+    except PluginUnavailableError as exc:
+        raise Skip(f"the plugin refuses to create a client here (not a defect): {exc}") from None
+    except PjrtError as exc:
+        library_says = f"the library says {exc.code_name}: {exc.message}"
+        reason = ctx.plugin.unavailable_reason() if ctx.has_python else None
+        if reason:
+            raise Skip(f"the plugin reports it cannot run here: {reason} ({library_says})") from None
+        if not ctx.has_python and exc.code in (_FAILED_PRECONDITION, _UNAVAILABLE, _NOT_FOUND):
+            raise Skip(f"no usable device here: {library_says}") from None
+        raise
+    except (TypeError, ValueError) as exc:
+        raise Fail(f"the create options are refused: {exc}") from None
+    devices = client.devices
+    return (
+        f"platform {client.platform_name!r}, {len(devices)} device{'s' if len(devices) != 1 else ''} "
+        f"({len(client.addressable_devices)} addressable), in {time.monotonic() - started:.2f} s"
+    )
+
+
+@check("client.platform", "platform name, version and process index", requires=("client.create",), essential=True)
+def check_client_platform(ctx: Context) -> str:
+    client = ctx.client
+    name, version, index = client.platform_name, client.platform_version, client.process_index
+    if not isinstance(name, str) or not name:
+        raise Fail(f"PJRT_Client_PlatformName gave {name!r}; it must be a non-empty name such as 'cpu'")
+    if not isinstance(index, int) or index < 0:
+        raise Fail(f"PJRT_Client_ProcessIndex gave {index!r}")
+    return f"{name} {version!r}, process {index}"
+
+
+@check("client.devices", "devices: unique ids, kinds, addressability, lookup by id", requires=("client.create",),
+       essential=True)
+def check_client_devices(ctx: Context) -> str:
+    client = ctx.client
+    devices, addressable = client.devices, client.addressable_devices
+    if not addressable:
+        raise Fail("the client has no addressable devices: nothing can be placed on it")
+    ids = [d.id for d in devices]
+    if len(set(ids)) != len(ids):
+        raise Fail(f"device ids repeat: {ids}")
+    missing = [d.id for d in addressable if d.id not in set(ids)]
+    if missing:
+        raise Fail(f"addressable devices {missing} are not among the client's devices {ids}")
+    addressable_ids = {d.id for d in addressable}
+    problems = []
+    for device in devices:
+        if not isinstance(device.kind, str) or not device.kind:
+            problems.append(f"device {device.id} has kind {device.kind!r}")
+        if device.is_addressable != (device.id in addressable_ids):
+            problems.append(f"device {device.id}: IsAddressable={device.is_addressable} disagrees with the addressable list")
+        if not str(device):
+            problems.append(f"device {device.id}: ToString is empty")
+        if client.lookup_device(device.id).id != device.id:
+            problems.append(f"LookupDevice({device.id}) found another device")
+    for device in addressable:
+        if not isinstance(device.local_hardware_id, int):
+            problems.append(f"device {device.id}: local hardware id {device.local_hardware_id!r}")
+        if device.process_index != client.process_index:
+            problems.append(
+                f"addressable device {device.id} belongs to process {device.process_index}, not {client.process_index}"
+            )
+    if problems:
+        raise Fail("; ".join(problems))
+    kinds = sorted({d.kind for d in devices})
+    return f"{len(devices)} devices (ids {_id_list(ids)}), kind {', '.join(repr(k) for k in kinds)}"
+
+
+def _id_list(ids: list[int]) -> str:
+    return ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}..{ids[-1]}"
+
+
+@check("client.memories", "memories: each device's default memory is addressable by it", requires=("client.devices",))
+def check_client_memories(ctx: Context) -> str:
+    library = ctx.library
+    if not library.has_function("PJRT_Client_AddressableMemories"):
+        raise Unsupported("PJRT_Client_AddressableMemories is not provided")
+    client = ctx.client
+    memories = client.memories
+    problems = []
+    for device in client.addressable_devices:
+        default = device.default_memory
+        if default not in device.memories:
+            problems.append(f"device {device.id}: its default memory {default} is not among its memories")
+        if default not in memories:
+            problems.append(f"device {device.id}: its default memory {default} is not among the client's memories")
+        if device not in default.addressable_by_devices:
+            problems.append(f"memory {default} does not list device {device.id}, whose default memory it is")
+        if not default.kind:
+            problems.append(f"memory {default} has an empty kind")
+    if problems:
+        raise Fail("; ".join(problems))
+    kinds = sorted({m.kind for m in memories})
+    return f"{len(memories)} memories, kinds {', '.join(kinds)}"
+
+
+@check("client.default_assignment", "PJRT_Client_DefaultDeviceAssignment places replicas on real devices",
+       requires=("client.devices",))
+def check_default_assignment(ctx: Context) -> str:
+    client = ctx.client
+    if not client.library.has_function("PJRT_Client_DefaultDeviceAssignment"):
+        raise Unsupported("PJRT_Client_DefaultDeviceAssignment is not provided")
+    count = len(client.addressable_devices)
+    assignment = client.default_device_assignment(count, 1)
+    flat = [d for row in assignment for d in row]
+    ids = {d.id for d in client.devices}
+    if len(flat) != count or not set(flat) <= ids or len(set(flat)) != len(flat):
+        raise Fail(f"default assignment for {count} replicas is {assignment}; device ids are {sorted(ids)}")
+    return f"{count} replica{'s' if count != 1 else ''} -> devices {flat}"
+
+
+# -- error reporting --------------------------------------------------------------------------
+
+
+@check("errors.lookup", "a bad device id is an error with a code and a message, not a crash",
+       requires=("client.devices",))
+def check_errors_lookup(ctx: Context) -> str:
+    client = ctx.client
+    bogus = max(d.id for d in client.devices) + 100_000
+    try:
+        device = client.lookup_device(bogus)
+    except PjrtError as exc:
+        if not 1 <= exc.code <= 16:
+            raise Fail(f"the error has code {exc.code}, not an absl status code 1..16") from None
+        if not exc.message.strip():
+            raise Fail(f"the error ({exc.code_name}) has an empty message") from None
+        return f"{exc.code_name}: {exc.message}"
+    raise Fail(f"PJRT_Client_LookupDevice({bogus}) returned {device}, though no device has that id")
+
+
+def _platform_name_args(ctx: Context, size: int) -> tuple[Any, Any]:
+    from ..runtime._cdef import STRUCT_SIZE, ffi
+
+    real = STRUCT_SIZE["PJRT_Client_PlatformName_Args"]
+    raw = ffi.new("char[]", max(size, real))
+    args = ffi.cast("PJRT_Client_PlatformName_Args*", raw)
+    args.struct_size = size
+    args.client = _client_handle(ctx.client)
+    return raw, args
+
+
+@check("errors.struct_size", "an args struct smaller than the plugin's is refused, not read past its end",
+       requires=("client.platform",))
+def check_errors_struct_size(ctx: Context) -> str:
+    _, args = _platform_name_args(ctx, 8)
+    try:
+        ctx.client.library.call("PJRT_Client_PlatformName", args)
+    except PjrtError as exc:
+        return f"{exc.code_name}: {exc.message}"
+    raise Fail(
+        "PJRT_Client_PlatformName accepted an 8-byte args struct: the plugin does not check struct_size, so a "
+        "caller built against an older header makes it read and write past the struct. Check "
+        "args->struct_size against the header's *_STRUCT_SIZE first"
+    )
+
+
+@check("errors.newer_caller", "an args struct larger than the plugin's (a newer caller) is accepted",
+       requires=("client.platform",))
+def check_errors_newer_caller(ctx: Context) -> str:
+    from ..runtime._cdef import STRUCT_SIZE, ffi
+
+    size = STRUCT_SIZE["PJRT_Client_PlatformName_Args"] + 64
+    keep, args = _platform_name_args(ctx, size)
+    try:
+        ctx.client.library.call("PJRT_Client_PlatformName", args)
+    except PjrtError as exc:
+        raise Fail(
+            f"a {size}-byte PJRT_Client_PlatformName_Args was refused ({exc.code_name}: {exc.message}); accept "
+            "struct_size >= your own, since newer callers append fields"
+        ) from None
+    name = ffi.unpack(args.platform_name, args.platform_name_size).decode("utf-8", "replace")
+    if name != ctx.client.platform_name:
+        raise Fail(f"with a larger struct the platform name came back as {name!r}, not {ctx.client.platform_name!r}")
+    del keep
+    return f"a {size}-byte args struct works"
+
+
+# -- buffers ----------------------------------------------------------------------------------
+
+
+def sample_array(dtype: np.dtype, shape: tuple[int, ...] = (2, 3)) -> np.ndarray:
+    """Distinct, exactly representable values of ``dtype`` (booleans alternate; unsigned ints stay >= 0)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    base = np.arange(count, dtype=np.float64)
+    if dtype == np.dtype(bool):
+        return (base % 3 != 1).reshape(shape)
+    if dtype.kind == "u":
+        return (base * 3 + 1).astype(dtype).reshape(shape)
+    if dtype.kind == "i":
+        return ((base - count // 2) * 3).astype(dtype).reshape(shape)
+    if dtype.kind == "c":
+        return ((base - 2.5) + 1j * (base / 2)).astype(dtype).reshape(shape)
+    return ((base - 2.5) * 0.5).astype(dtype).reshape(shape)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def _plugin_view(buffer: Any) -> tuple[tuple[int, ...], int]:
+    """(dimensions, element type) as the plugin reports them (the runtime caches what it uploaded)."""
+    from ..runtime._cdef import ffi
+    from ..runtime._library import new_args
+
+    library = buffer.client.library
+    dims = new_args("PJRT_Buffer_Dimensions_Args")
+    dims.buffer = _buffer_handle(buffer)
+    library.call("PJRT_Buffer_Dimensions", dims)
+    kind = new_args("PJRT_Buffer_ElementType_Args")
+    kind.buffer = _buffer_handle(buffer)
+    library.call("PJRT_Buffer_ElementType", kind)
+    shape = tuple(ffi.unpack(dims.dims, dims.num_dims)) if dims.num_dims else ()
+    return shape, int(ffi.cast("int", kind.type))
+
+
+def _round_trip(ctx: Context, host: np.ndarray, device: Any = None) -> str:
+    """Upload ``host``, check what the plugin reports, read it back bit for bit."""
+    from ..runtime._dtypes import PJRT_BY_NUMPY, PJRT_TYPE_NAMES
+
+    client = ctx.client
+    device = device if device is not None else client.addressable_devices[0]
+    try:
+        buffer = client.buffer_from_host(host, device)
+    except PjrtError as exc:
+        if exc.code in (_INVALID_ARGUMENT, _UNIMPLEMENTED):
+            raise Unsupported(f"the plugin does not take {host.dtype} buffers: {exc.code_name}: {exc.message}") from None
+        raise
+    try:
+        shape, element_type = _plugin_view(buffer)
+        if shape != host.shape:
+            raise Fail(f"PJRT_Buffer_Dimensions gives {shape}, the upload was {host.shape}")
+        expected = PJRT_BY_NUMPY[np.dtype(host.dtype)]
+        if element_type != expected:
+            raise Fail(
+                f"PJRT_Buffer_ElementType gives {PJRT_TYPE_NAMES.get(element_type, element_type)}, "
+                f"the upload was {PJRT_TYPE_NAMES[expected]}"
+            )
+        if buffer.device.id != device.id:
+            raise Fail(f"PJRT_Buffer_Device gives device {buffer.device.id}, the upload went to {device.id}")
+        size = buffer.on_device_size
+        back = buffer.to_numpy()
+    finally:
+        buffer.delete()
+    if not _same_bytes(back, host):
+        raise Fail(f"read back {back!r}, uploaded {host!r}")
+    return f"{host.dtype}{list(host.shape)} round trip bit-exact ({size} bytes on device)"
+
+
+def _add_dtype_checks() -> None:
+    from ..runtime._dtypes import NUMPY_BY_PJRT
+
+    for dtype in NUMPY_BY_PJRT.values():
+
+        def round_trip(ctx: Context, dtype: np.dtype = dtype) -> str:
+            return _round_trip(ctx, sample_array(dtype))
+
+        add_check(Check(f"buffers.{dtype.name}", f"{dtype.name} buffers round-trip bit-exact", round_trip,
+                        requires=("client.devices",)))
+
+
+_add_dtype_checks()
+
+
+@check("buffers.shapes", "scalars, empty, 3-d, strided and 1 MiB arrays round-trip", requires=("buffers.float32",))
+def check_buffer_shapes(ctx: Context) -> str:
+    rng = np.random.default_rng(0)
+    cases = {
+        "scalar": np.array(7.5, dtype=np.float32),
+        "empty": np.zeros((0, 3), dtype=np.float32),
+        "3-d": np.arange(24, dtype=np.int32).reshape(2, 3, 4),
+        "strided": np.arange(48, dtype=np.float64).reshape(6, 8)[::2, ::-3],
+        "1 MiB": rng.standard_normal(1 << 18).astype(np.float32),
+    }
+    for label, host in cases.items():
+        try:
+            _round_trip(ctx, host)
+        except Fail as failure:
+            raise Fail(f"{label}: {failure.reason}") from None
+    return ", ".join(cases)
+
+
+@check("buffers.every_device", "each addressable device holds its own data", requires=("buffers.float32",))
+def check_buffers_every_device(ctx: Context) -> str:
+    client = ctx.client
+    devices = client.addressable_devices
+    hosts = [np.arange(4, dtype=np.float32) + 100 * i for i in range(len(devices))]
+    buffers = [client.buffer_from_host(h, d) for h, d in zip(hosts, devices)]
+    try:
+        for buffer, host, device in zip(buffers, hosts, devices):
+            if buffer.device.id != device.id:
+                raise Fail(f"a buffer uploaded to device {device.id} reports device {buffer.device.id}")
+            back = buffer.to_numpy()
+            if not _same_bytes(back, host):
+                raise Fail(f"device {device.id} returned {back}, expected {host}")
+    finally:
+        for buffer in buffers:
+            buffer.delete()
+    return f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+
+
+@check("buffers.lifecycle", "ready events; a deleted buffer reports so and refuses reads",
+       requires=("buffers.float32",))
+def check_buffers_lifecycle(ctx: Context) -> str:
+    from ..runtime._library import new_args
+
+    client = ctx.client
+    buffer = client.buffer_from_host(np.arange(4, dtype=np.float32))
+    try:
+        buffer.block_until_ready()
+        if not buffer.is_ready:
+            raise Fail("after awaiting its ready event the buffer reports it is not ready")
+        if buffer.is_deleted:
+            raise Fail("a live buffer reports it is deleted")
+        args = new_args("PJRT_Buffer_Delete_Args")
+        args.buffer = _buffer_handle(buffer)
+        client.library.call("PJRT_Buffer_Delete", args)
+        if not buffer.is_deleted:
+            raise Fail("after PJRT_Buffer_Delete, PJRT_Buffer_IsDeleted still says false")
+        try:
+            data = buffer.to_numpy()
+        except PjrtError as exc:
+            return f"reading a deleted buffer: {exc.code_name}: {exc.message}"
+        raise Fail(f"reading a deleted buffer succeeded and returned {data!r}; it must be an error")
+    finally:
+        buffer.delete()
+
+
+@check("buffers.copy_to_device", "PJRT_Buffer_CopyToDevice moves data between devices",
+       requires=("buffers.every_device",))
+def check_copy_to_device(ctx: Context) -> str:
+    client = ctx.client
+    if not client.library.has_function("PJRT_Buffer_CopyToDevice"):
+        raise Unsupported("PJRT_Buffer_CopyToDevice is not provided")
+    devices = client.addressable_devices
+    if len(devices) < 2:
+        raise Skip(_one_device(ctx))
+    host = np.arange(6, dtype=np.int32)
+    source = client.buffer_from_host(host, devices[0])
+    try:
+        copy = source.copy_to_device(devices[-1])
+        try:
+            if copy.device.id != devices[-1].id or not _same_bytes(copy.to_numpy(), host):
+                raise Fail(f"the copy is on device {copy.device.id} and holds {copy.to_numpy()}")
+        finally:
+            copy.delete()
+    finally:
+        source.delete()
+    return f"device {devices[0].id} -> device {devices[-1].id}"
+
+
+def _one_device(ctx: Context) -> str:
+    hint = " with -o KEY=VALUE (the plugin's device-count option)" if ctx.has_python else ""
+    return f"only 1 addressable device; this check needs at least 2. Create the client with more{hint}"
+
+
+# -- compile and execute ----------------------------------------------------------------------
+
+
+@check("compile.program", "a StableHLO program compiles", requires=("client.create",))
+def check_compile(ctx: Context) -> str:
+    started = time.monotonic()
+    executable = ctx.executable
+    return f"f32[4] add compiled in {time.monotonic() - started:.2f} s ({executable.num_outputs} output)"
+
+
+@check("compile.properties", "the executable reports its outputs, replicas, partitions and devices",
+       requires=("compile.program",))
+def check_compile_properties(ctx: Context) -> str:
+    from ..errors import UnsupportedFunctionError
+
+    executable = ctx.executable
+    facts, unsupported = [], []
+    expectations = (
+        ("num_outputs", 1),
+        ("num_replicas", 1),
+        ("num_partitions", 1),
+        ("output_shapes", [(4,)]),
+        ("output_dtypes", [np.dtype(np.float32)]),
+    )
+    for name, expected in expectations:
+        try:
+            value = getattr(executable, name)
+        except (UnsupportedFunctionError, NotImplementedError):
+            unsupported.append(name)
+            continue
+        if value != expected:
+            raise Fail(f"{name} is {value!r}, expected {expected!r}")
+        facts.append(name)
+    try:
+        if not executable.addressable_devices:
+            raise Fail("the executable has no addressable devices")
+    except (UnsupportedFunctionError, NotImplementedError):
+        unsupported.append("addressable_devices")
+    missing = f"; not offered: {', '.join(unsupported)}" if unsupported else ""
+    return f"{', '.join(facts)} correct{missing}"
+
+
+@check("execute.single", "a compiled program runs on one device and gives the right answer",
+       requires=("compile.program",))
+def check_execute_single(ctx: Context) -> str:
+    client = ctx.client
+    device = client.addressable_devices[0]
+    a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
+    b = np.array([0.5, 4.0, -1.25, 8.0], dtype=np.float32)
+    outputs = ctx.executable.execute([[client.buffer_from_host(a, device), client.buffer_from_host(b, device)]])
+    if len(outputs) != 1 or len(outputs[0]) != 1:
+        raise Fail(f"expected 1 device x 1 output, got {[len(o) for o in outputs]}")
+    result = outputs[0][0].to_numpy()
+    if not np.array_equal(result, a + b):
+        raise Fail(f"{a} + {b} gave {result}")
+    return f"{a.tolist()} + {b.tolist()} = {result.tolist()}"
+
+
+@check("execute.outputs", "several outputs of different dtypes and ranks come back right",
+       requires=("execute.single",))
+def check_execute_outputs(ctx: Context) -> str:
+    from ._programs import TWO_OUTPUTS
+
+    client = ctx.client
+    executable = client.compile(TWO_OUTPUTS)
+    x = np.array([[1, -2, 3], [4, 5, -6]], dtype=np.int32)
+    (doubled, total), = executable.execute([[client.buffer_from_host(x)]])
+    got = doubled.to_numpy(), total.to_numpy()
+    if not (np.array_equal(got[0], x * 2) and got[1].shape == () and int(got[1]) == int(x.sum())):
+        raise Fail(f"got {got[0].tolist()} and {got[1]!r}; expected {(x * 2).tolist()} and {int(x.sum())}")
+    return "i32[2,3] and i32[] outputs correct"
+
+
+@check("compile.serialize", "an executable serializes and loads back", requires=("execute.single",))
+def check_serialize(ctx: Context) -> str:
+    client = ctx.client
+    for name in ("PJRT_Executable_Serialize", "PJRT_Executable_DeserializeAndLoad"):
+        if not client.library.has_function(name):
+            raise Unsupported(f"{name} is not provided")
+    data = ctx.executable.serialize()
+    if not data:
+        raise Fail("PJRT_Executable_Serialize returned no bytes")
+    loaded = client.deserialize_executable(data)
+    a = np.arange(4, dtype=np.float32)
+    result = loaded.execute([[client.buffer_from_host(a), client.buffer_from_host(a)]])[0][0].to_numpy()
+    if not np.array_equal(result, a + a):
+        raise Fail(f"the reloaded executable computed {result}, expected {a + a}")
+    return f"{len(data)} bytes; the reloaded executable runs"
+
+
+@check("execute.every_device", "a replicated program runs on every addressable device at once",
+       requires=("execute.single", "buffers.every_device"))
+def check_execute_every_device(ctx: Context) -> str:
+    from ..runtime import CompileOptions
+    from ._programs import ADD_F32
+
+    client = ctx.client
+    count = len(client.addressable_devices)
+    if count < 2:
+        raise Skip(_one_device(ctx))
+    executable = client.compile(ADD_F32, CompileOptions(num_replicas=count))
+    devices = executable.addressable_devices
+    if len(devices) != count:
+        raise Fail(f"compiled for {count} replicas, the executable has {len(devices)} addressable devices")
+    base = np.arange(4, dtype=np.float32)
+    args = [[client.buffer_from_host(base + 10 * i, d), client.buffer_from_host(base, d)] for i, d in enumerate(devices)]
+    outputs = executable.execute(args)
+    for i, (device, (out,)) in enumerate(zip(devices, outputs)):
+        expected = base + 10 * i + base
+        if out.device.id != device.id:
+            raise Fail(f"replica {i}'s output is on device {out.device.id}, not {device.id}")
+        if not np.array_equal(out.to_numpy(), expected):
+            raise Fail(f"replica {i} on device {device.id} computed {out.to_numpy()}, expected {expected}")
+    return f"{count} replicas, each correct on its own device"
+
+
+@check("execute.spmd", "an SPMD program partitioned over every device reduces across devices",
+       requires=("execute.single", "buffers.every_device"))
+def check_execute_spmd(ctx: Context) -> str:
+    from ..runtime import CompileOptions
+    from ._programs import spmd_square_and_sum
+
+    client = ctx.client
+    count = len(client.addressable_devices)
+    if count < 2:
+        raise Skip(_one_device(ctx))
+    executable = client.compile(
+        spmd_square_and_sum(count), CompileOptions(num_partitions=count, use_spmd_partitioning=True)
+    )
+    devices = executable.addressable_devices
+    x = np.arange(2 * count, dtype=np.float32)
+    outputs = executable.execute([[client.buffer_from_host(x[2 * i : 2 * i + 2], d)] for i, d in enumerate(devices)])
+    expected_sum = float((x * x).sum())
+    for i, (squares, total) in enumerate(outputs):
+        shard = squares.to_numpy()
+        if not np.array_equal(shard, x[2 * i : 2 * i + 2] ** 2):
+            raise Fail(f"partition {i} returned {shard}, expected {x[2 * i : 2 * i + 2] ** 2}")
+        if float(total.to_numpy()) != expected_sum:
+            raise Fail(f"partition {i} reduced to {float(total.to_numpy())}, expected {expected_sum}")
+    return f"{count} partitions; each shard and the cross-device sum ({expected_sum:g}) correct"
+
+
+@check("client.close", "the client is destroyed cleanly", requires=("client.create",))
+def check_client_close(ctx: Context) -> str:
+    client = ctx.client
+    client.close()
+    if not client.closed:
+        raise Fail("the client is still open after close()")
+    return "PJRT_Client_Destroy succeeded"

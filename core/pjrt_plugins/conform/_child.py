@@ -1,0 +1,84 @@
+"""The check process: ``python -m pjrt_plugins.conform._child`` reads a plan on stdin and runs it.
+
+Each check is announced before it starts and reported when it ends, one JSON
+line each on a private copy of stdout, so the parent knows which check a plugin
+crash or hang interrupted. The plugin's own prints to stdout go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, TextIO
+
+#: Prefix of every event line (anything else on the channel is ignored).
+EVENT_MARK = "@@pjrt-plugins-conform@@ "
+
+
+def _open_event_channel() -> TextIO:
+    """A private duplicate of stdout for events; fd 1 then points at stderr (C libraries print there)."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return channel
+
+
+def emit(channel: TextIO, **event: Any) -> None:
+    channel.write(EVENT_MARK + json.dumps(event, default=str) + "\n")
+    channel.flush()
+
+
+def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
+    """Run the checks named in ``plan["pending"]``, given the statuses of those already done."""
+    import pjrt_plugins
+
+    from ._context import Context
+    from ._framework import all_checks, run_check
+    from ._report import Status
+    from ._target import Target
+
+    if not pjrt_plugins.autoload_enabled():
+        pjrt_plugins.discover_plugins()
+    target = Target.from_json(plan["target"])
+    statuses = {k: Status(v) for k, v in plan.get("statuses", {}).items()}
+    pending = set(plan["pending"])
+    ctx = Context(target)
+    try:
+        for item in all_checks():
+            if item.id not in pending:
+                continue
+            emit(channel, event="start", id=item.id)
+            result = run_check(item, ctx, statuses)
+            statuses[item.id] = result.status
+            emit(channel, event="result", **result.to_json())
+            if item.id == "abi.version" and result.status is Status.PASS:
+                major, minor = ctx.library.api_version
+                emit(channel, event="fact", api_version=f"{major}.{minor}", library_path=ctx.library.path)
+            if item.id == "python.load" and result.status is Status.PASS:
+                plugin = ctx.plugin
+                emit(
+                    channel,
+                    event="fact",
+                    plugin=plugin.name,
+                    distribution=plugin.distribution,
+                    version=plugin.distribution_version,
+                    unavailable_reason=plugin.unavailable_reason(),
+                )
+    finally:
+        try:
+            ctx.close()
+        except Exception:  # noqa: BLE001 - the client.close check already reported a failure
+            pass
+    emit(channel, event="done")
+
+
+def main() -> None:
+    channel = _open_event_channel()
+    plan = json.loads(sys.stdin.read())
+    run_plan(plan, channel)
+    channel.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""What ``conform`` is pointed at: a registered plugin by name, or a PJRT library file.
+
+Resolution reads the registry and calls only cheap hooks (``pjrt_library_path``);
+it never opens a library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")
+
+
+@dataclass
+class Target:
+    """``mode`` is ``"plugin"`` (hooks and library) or ``"library"`` (a bare PJRT library)."""
+
+    argument: str
+    mode: str
+    plugin: str | None = None
+    library_path: str | None = None
+    note: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 60.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Target:
+        return cls(**data)
+
+
+def looks_like_path(argument: str) -> bool:
+    """A library path rather than a plugin name (plugin names cannot contain ``/``)."""
+    return os.sep in argument or argument.endswith(_LIBRARY_SUFFIXES) or os.path.isfile(argument)
+
+
+def resolve_target(argument: str, *, bare: bool = False) -> Target:
+    """Turn the command-line argument into a :class:`Target`.
+
+    A path to the library of a registered plugin is checked through that plugin
+    (its hooks, its preflight: libtpu off a TPU VM must never be initialized). An
+    unknown plugin name raises :class:`~pjrt_plugins.PluginNotFoundError` listing
+    the installed ones; a plugin that fails to load is still a target (its load
+    check then FAILs). ``bare=True`` checks a library path without any plugin's
+    hooks, even when a plugin owns it.
+    """
+    import pjrt_plugins
+
+    if bare and not looks_like_path(argument):
+        raise ValueError(f"--bare needs the path of a PJRT library, not the plugin name {argument!r}")
+    if looks_like_path(argument):
+        path = os.path.abspath(os.path.expanduser(argument))
+        owner = None if bare else _plugin_owning(path)
+        if owner is not None:
+            return Target(
+                argument,
+                "plugin",
+                plugin=owner,
+                note=f"{path} is the library of the registered plugin {owner!r}; checked through that plugin's hooks",
+            )
+        return Target(argument, "library", library_path=path)
+    name = pjrt_plugins.canonical_name(argument)
+    records = {record.name: record for record in pjrt_plugins.plugin_records()}
+    if name not in records:
+        pjrt_plugins.get_plugin(name)  # raises PluginNotFoundError naming what is installed
+    return Target(argument, "plugin", plugin=name)
+
+
+def _plugin_owning(path: str) -> str | None:
+    import pjrt_plugins
+
+    for name, plugin in pjrt_plugins.registered_plugins().items():
+        try:
+            candidate = plugin.hook.pjrt_library_path()
+            if candidate is not None and os.path.exists(candidate) and os.path.samefile(candidate, path):
+                return name
+        except Exception as exc:  # noqa: BLE001 - a broken hook only means "not this one"
+            logger.debug("plugin %s: pjrt_library_path raised %r", name, exc)
+    return None
+
+
+def option_schema_of(target: Target) -> dict[str, Any] | None:
+    """The plugin's option schema (to type ``-o KEY=VALUE``), or ``None`` for a library or a broken plugin."""
+    if target.mode != "plugin" or target.plugin is None:
+        return None
+    import pjrt_plugins
+
+    try:
+        return pjrt_plugins.get_plugin(target.plugin).option_schema()
+    except Exception as exc:  # noqa: BLE001 - the checks report it; options are then read untyped
+        logger.debug("no option schema for %s: %r", target.plugin, exc)
+        return None

@@ -1,0 +1,92 @@
+"""Reports: --json and --report write the same JSON, --diff compares two, usage errors exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pjrt_plugins.conform import CheckResult, Report, Status, diff_reports, load_report
+
+
+def _report(**statuses: str) -> Report:
+    return Report(
+        target={"plugin": "x", "api_version": "0.81"},
+        checks=[CheckResult(k.replace("_", "."), k, Status(v), f"because {k}") for k, v in statuses.items()],
+    )
+
+
+def test_a_report_survives_a_json_round_trip(tmp_path):
+    report = _report(abi_load="PASS", compile_program="UNSUPPORTED", execute_single="SKIP", buffers_f16="FAIL")
+    path = tmp_path / "r.json"
+    report.write(path)
+    again = load_report(path)
+    assert [(c.id, c.status, c.reason) for c in again.checks] == [(c.id, c.status, c.reason) for c in report.checks]
+    assert again.ok is False and again.counts() == {"PASS": 1, "FAIL": 1, "UNSUPPORTED": 1, "SKIP": 1}
+
+
+def test_a_file_that_is_not_a_report_is_refused_with_the_reason(tmp_path):
+    (tmp_path / "a.json").write_text('{"checks": []}')
+    with pytest.raises(ValueError, match="not a conformance report"):
+        load_report(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        load_report(tmp_path / "b.json")
+
+
+def test_diff_names_regressions_fixes_and_other_changes():
+    before = _report(a="PASS", b="FAIL", c="SKIP", d="PASS", gone="PASS")
+    after = _report(a="FAIL", b="PASS", c="UNSUPPORTED", d="PASS", new="PASS")
+    diff = diff_reports(before, after)
+    kinds = {c.id: c.kind for c in diff.changes}
+    assert kinds == {"a": "regression", "b": "fixed", "c": "changed", "gone": "removed", "new": "added"}
+    assert [c.id for c in diff.regressions] == ["a"]
+    assert diff_reports(before, before).changes == []
+
+
+def test_json_output_and_report_file_hold_the_same_report(run_cli, tmp_path):
+    path = tmp_path / "stub.json"
+    run = run_cli("conform", "stub_neuron", "--json", "--report", str(path))
+    assert run.returncode == 0, run
+    printed, written = run.json(), json.loads(path.read_text())
+    assert printed["format"] == written["format"] == "pjrt-plugins-conform/1"
+    assert [c["id"] for c in printed["checks"]] == [c["id"] for c in written["checks"]]
+    assert printed["summary"] == written["summary"] and printed["summary"]["FAIL"] == 0
+    assert printed["target"]["distribution"] == "pjrt-plugin-stub-neuron"
+    assert all(c["status"] in ("PASS", "FAIL", "UNSUPPORTED", "SKIP") and c["title"] for c in printed["checks"])
+
+
+def test_diff_of_a_healthy_and_a_broken_build_exits_1_and_lists_the_regressions(run_cli, fake_plugin, tmp_path):
+    healthy, broken = tmp_path / "healthy.json", tmp_path / "broken.json"
+    assert run_cli("conform", str(fake_plugin()), "--report", str(healthy)).returncode == 0
+    assert run_cli("conform", str(fake_plugin("FAKE_CORRUPT_READS")), "--report", str(broken)).returncode == 1
+    run = run_cli("conform", "--diff", str(healthy), str(broken))
+    assert run.returncode == 1, run
+    regressions = [line.split()[1] for line in run.stdout.splitlines() if line.strip().startswith("regression")]
+    assert "buffers.float32" in regressions and "client.devices" not in regressions
+    assert "PASS -> FAIL" in run.stdout
+    same = run_cli("conform", "--diff", str(healthy), str(healthy), "--json")
+    assert same.returncode == 0, same
+    assert same.json()["changes"] == [] and same.json()["regressions"] == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["conform"],
+        ["conform", "cpu", "--diff", "a.json", "b.json"],
+        ["conform", "cpu", "--timeout", "0"],
+        ["conform", "cpu", "-o", "no_such_option=1"],
+        ["conform", "--bare", "cpu"],
+    ],
+)
+def test_usage_errors_exit_2(run_cli, args):
+    run = run_cli(*args)
+    assert run.returncode == 2, run
+    assert "error:" in run.stderr
+
+
+def test_an_unknown_plugin_name_lists_the_installed_ones(run_cli):
+    run = run_cli("conform", "no_such_device")
+    assert run.returncode == 1, run
+    assert "no_such_device" in run.stderr and "stub_neuron" in run.stderr

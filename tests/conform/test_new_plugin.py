@@ -1,0 +1,122 @@
+"""`pjrt-plugins new-plugin NAME`: the generated package builds, installs and passes conform;
+built wheels of pjrt-plugins carry the template."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conform_support import REPO, clean_env
+from pjrt_plugins.conform.new_plugin import PluginNames, find_template, write_plugin
+
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o")
+
+
+def test_every_spelling_of_the_name_is_derived():
+    names = PluginNames.from_name("Acme-NPU")
+    assert (names.entry_point, names.package, names.distribution) == ("acme_npu", "pjrt_plugin_acme_npu", "pjrt-plugin-acme-npu")
+    assert (names.class_name, names.upper, names.library) == ("AcmeNpuPlugin", "ACME_NPU", "libpjrt_acme_npu.so")
+    assert names.rewrite("StubNeuronPlugin reads NEURON_RT_VISIBLE_CORES in pjrt_plugin_stub_neuron") == (
+        "AcmeNpuPlugin reads ACME_NPU_RT_VISIBLE_CORES in pjrt_plugin_acme_npu"
+    )
+
+
+@pytest.mark.parametrize("bad", ["cpu", "neuron", "stub_neuron", "9lives", "acme npu", "a__b", "x" * 41, "pjrt"])
+def test_names_that_would_clash_or_cannot_be_identifiers_are_refused(bad):
+    with pytest.raises(ValueError, match="plugin name"):
+        PluginNames.from_name(bad)
+
+
+def test_the_cli_refuses_a_bad_name_and_an_occupied_directory(run_cli, tmp_path):
+    bad = run_cli("new-plugin", "tpu", "-d", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "is taken" in bad.stderr, bad
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    busy = run_cli("new-plugin", "acme", "-d", str(tmp_path / "busy"))
+    assert busy.returncode == 1 and "not empty" in busy.stderr, busy
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+
+
+def test_the_template_is_the_stub_source_tree_in_a_checkout():
+    assert find_template() == (REPO / "plugins" / "stub_neuron").resolve()
+
+
+def test_the_generated_package_is_renamed_throughout(tmp_path):
+    root, files = write_plugin("acme", tmp_path / "acme")
+    relative = sorted(p.relative_to(root).as_posix() for p in files)
+    assert "pjrt_plugin_acme/_plugin.py" in relative and "csrc/acme.h" in relative and "setup.py" in relative
+    for path in files:
+        text = path.read_text().replace("from the stub_neuron template", "")  # pyproject's description
+        if path.name != "README.md":
+            assert "neuron" not in text.lower(), f"{path} still mentions neuron"
+    pyproject = (root / "pyproject.toml").read_text()
+    assert 'name = "pjrt-plugin-acme"' in pyproject and 'acme = "pjrt_plugin_acme:AcmePlugin"' in pyproject
+    assert '"pjrt_plugin_acme.libpjrt_acme"' in (root / "setup.py").read_text()
+
+
+def _install(source: Path, target: Path) -> None:
+    command = [*PIP, "install", "--no-deps", "--no-build-isolation", "--no-index", "-q", "--target", str(target), str(source)]
+    result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_a_generated_plugin_builds_installs_and_passes_conform(run_cli, tmp_path):
+    made = run_cli("new-plugin", "acme-npu", "-d", str(tmp_path / "src"), "--json")
+    assert made.returncode == 0, made
+    assert made.json()["names"]["entry_point"] == "acme_npu"
+    _install(tmp_path / "src", tmp_path / "site")
+    assert (tmp_path / "site" / "pjrt_plugin_acme_npu" / "libpjrt_acme_npu.so").is_file()
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    listed = run_cli("list", "--json", env=env)
+    row = next(r for r in listed.json()["plugins"] if r["name"] == "acme_npu")
+    assert row["status"] == "available" and row["distribution"] == "pjrt-plugin-acme-npu"
+    run = run_cli("conform", "acme_npu", "--json", env=env)
+    assert run.returncode == 0, run
+    report = run.report()
+    assert report["_raw"]["summary"]["FAIL"] == 0
+    assert report["python.torch_xla"][0] == "PASS" and report["buffers.bfloat16"][0] == "PASS"
+    assert report["client.platform"][0] == "PASS" and "acme_npu" in report["client.platform"][1]
+    assert report["compile.program"][0] == "UNSUPPORTED"
+    assert report["_raw"]["target"]["distribution"] == "pjrt-plugin-acme-npu"
+
+
+def test_a_built_core_wheel_carries_the_template_and_new_plugin_uses_it(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for item in REPO.iterdir():
+        if item.is_file() and not item.name.startswith("."):
+            shutil.copy2(item, source / item.name)
+    shutil.copytree(REPO / "core", source / "core", ignore=LEFTOVERS)
+    shutil.copytree(REPO / "plugins" / "stub_neuron", source / "plugins" / "stub_neuron", ignore=LEFTOVERS)
+    built = subprocess.run(
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True, text=True, env=clean_env(), timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    wheel = next((tmp_path / "dist").glob("pjrt_plugins-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    template = "pjrt_plugins/conform/_template/"
+    assert {template + "csrc/api.c", template + "setup.py", template + "pjrt_plugin_stub_neuron/_plugin.py"} <= names
+    assert not any(n.startswith(template) and n.endswith((".so", ".o")) for n in names)
+    _install(wheel, tmp_path / "core")
+    env = clean_env({"PYTHONPATH": str(tmp_path / "core")})
+    result = subprocess.run(
+        [sys.executable, "-m", "pjrt_plugins", "new-plugin", "acme", "-d", str(tmp_path / "acme"), "--json"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    where = subprocess.run(
+        [sys.executable, "-c", "from pjrt_plugins.conform.new_plugin import find_template; print(find_template())"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )
+    assert where.stdout.strip() == str((tmp_path / "core" / template).resolve()), where
+    assert json.loads(result.stdout)["names"]["class_name"] == "AcmePlugin"
+    assert (tmp_path / "acme" / "csrc" / "acme.h").is_file()
