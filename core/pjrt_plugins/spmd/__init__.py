@@ -7,7 +7,7 @@ all devices of the active plugin); no plugin is opened until data moves.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,9 +19,13 @@ from ._transfer import TransferCounters, reset_transfer_counters, transfer_count
 from .mesh import Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
 from .tensor import XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
 
+if TYPE_CHECKING:  # served lazily by __getattr__ below (importing the engine loads jaxlib's MLIR)
+    from ._executor import Metrics, clear_compile_cache, metrics, metrics_report, reset_metrics, set_cache_dir
+    from ._lazy import set_cpu_fallback, sync
 
 __all__ = [
     "Mesh",
+    "Metrics",
     "Shard",
     "ShardingConflictError",
     "ShardingError",
@@ -33,17 +37,24 @@ __all__ = [
     "VirtualDeviceError",
     "XLAShard",
     "XLAShardedTensor",
+    "clear_compile_cache",
     "clear_sharding",
     "device",
     "get_1d_mesh",
     "get_global_mesh",
     "is_spmd",
     "mark_sharding",
+    "metrics",
+    "metrics_report",
     "parse_sharding",
     "parse_tuple_sharding",
+    "reset_metrics",
     "reset_transfer_counters",
+    "set_cache_dir",
+    "set_cpu_fallback",
     "set_global_mesh",
     "set_plugin",
+    "sync",
     "to_device",
     "transfer_counters",
     "use_spmd",
@@ -94,9 +105,17 @@ def virtual_device() -> VirtualDevice:
     return _device.virtual_device()
 
 
-#: Names served by the execution engine's modules once they exist (issue 6): name -> module.
+#: Names served by the execution engine's modules (name -> module), imported on first use so that
+#: ``import pjrt_plugins.spmd`` stays light: the engine loads jaxlib's MLIR bindings.
 _ENGINE_EXPORTS = {
     "sync": "._lazy",
+    "set_cpu_fallback": "._lazy",
+    "metrics": "._executor",
+    "metrics_report": "._executor",
+    "reset_metrics": "._executor",
+    "Metrics": "._executor",
+    "set_cache_dir": "._executor",
+    "clear_compile_cache": "._executor",
 }
 
 
@@ -104,9 +123,10 @@ def __getattr__(name: str) -> Any:
     module = _ENGINE_EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        return getattr(importlib.import_module(module, __name__), name)
-    except ModuleNotFoundError as exc:
-        raise AttributeError(
-            f"pjrt_plugins.spmd.{name} needs the execution engine ({module.lstrip('.')}), which this build lacks"
-        ) from exc
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ENGINE_EXPORTS))

@@ -108,6 +108,8 @@ def register_backend() -> None:
         _library.impl("empty_strided", _empty_strided, "PrivateUse1")
         _library.impl("_copy_from", _copy_from, "PrivateUse1")
         _library.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+        for name in HOST_FACTORIES:
+            _library.impl(name, _host_factory(name), "PrivateUse1")
         _registered = True
         logger.debug("registered the %r torch device", DEVICE_TYPE)
 
@@ -149,6 +151,49 @@ def _new_empty(size: Any, dtype: Any, layout: Any, device: Any) -> torch.Tensor:
     if layout not in (None, torch.strided):
         raise NotImplementedError(f"the pjrt device holds dense (strided) tensors only, not {layout}")
     return wrap(TensorData.empty(tuple(size), dtype or torch.get_default_dtype()))
+
+
+#: Factories whose size comes from their arguments (torch implements them as ``empty`` + an
+#: ``out=`` kernel that resizes the result, which a pjrt tensor cannot do). Ours build the
+#: values on the CPU with torch's own kernel and keep them as deferred host data, like
+#: ``torch.zeros(..., device="pjrt")``: nothing moves until the tensor is used.
+HOST_FACTORIES = (
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "eye",
+    "eye.m",
+    "linspace",
+    "linspace.Tensor_Tensor",
+    "linspace.Tensor_Scalar",
+    "linspace.Scalar_Tensor",
+    "logspace",
+    "logspace.Tensor_Tensor",
+    "logspace.Tensor_Scalar",
+    "logspace.Scalar_Tensor",
+    "tril_indices",
+    "triu_indices",
+)
+
+
+def _host_factory(name: str) -> Any:
+    packet, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        from ._data import TensorData
+        from .tensor import to_cpu, wrap
+
+        check_torch_device(kwargs.get("device"))
+        if kwargs.get("layout") not in (None, torch.strided):
+            raise NotImplementedError(f"the pjrt device holds dense (strided) tensors only, not {kwargs['layout']}")
+        # linspace/logspace take their ends as 0-d tensors too, which may be pjrt tensors
+        args = tuple(to_cpu(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE else a for a in args)
+        values = op(*args, **{**kwargs, "device": torch.device("cpu"), "pin_memory": False})
+        return wrap(TensorData.from_host(values, copy=False))
+
+    kernel.__name__ = f"pjrt_{packet}_{overload or 'default'}"
+    return kernel
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..errors import LoweringError
+from ..runtime import CompileOptions
 from ._lowering import (
     LoweredModule,
     ScalarSlot,
@@ -43,9 +44,6 @@ CACHE_DIR_ENV = "PJRT_PLUGINS_CACHE_DIR"
 #: Compiled programs kept in memory (least recently used ones are dropped beyond this).
 MEMORY_CACHE_SIZE = 256
 
-_FIELD_ALLOW_PROPAGATION_TO_OUTPUT = 12  # ExecutableBuildOptionsProto.allow_spmd_sharding_propagation_to_output
-_FIELD_EXECUTABLE_BUILD_OPTIONS = 3  # CompileOptionsProto.executable_build_options
-
 
 # =====================================================================================
 # metrics
@@ -54,13 +52,24 @@ _FIELD_EXECUTABLE_BUILD_OPTIONS = 3  # CompileOptionsProto.executable_build_opti
 
 @dataclass(frozen=True)
 class Metrics:
-    """Counters of the execution engine since the last :func:`reset_metrics`.
+    """Counters of the execution engine since the last :func:`reset_metrics` (``xs.metrics()`` returns one).
 
     ``compiles``: programs compiled by the plugin; ``cache_hits``: compiles avoided by the
     in-memory cache; ``persistent_cache_hits``: executables loaded from the cache directory;
-    ``executions``: programs run; ``bytes_uploaded`` / ``bytes_downloaded``: host<->device
-    bytes over all devices (from the transfer counters); ``fallbacks``: ops run on the CPU
-    because the fallback was enabled; ``*_seconds``: wall time spent in each phase.
+    ``executions``: programs run; ``ops_recorded``: ATen operators traced;
+    ``bytes_uploaded`` / ``bytes_downloaded``: host<->device bytes over all devices (from
+    the transfer counters); ``fallbacks`` / ``fallback_ops``: operators run on the CPU
+    because :func:`~pjrt_plugins.spmd.set_cpu_fallback` is on (total, and per operator);
+    ``lowering_seconds`` / ``compile_seconds`` / ``execute_seconds``: wall time per phase.
+    A frozen snapshot: compare the fields of two to measure a stretch of work.
+
+    Example::
+
+        before = xs.metrics()
+        train_step(); xs.sync()
+        after = xs.metrics()
+        after.compiles - before.compiles       # 0 once the step is compiled
+        print(after)                           # the same text as after.report()
     """
 
     compiles: int = 0
@@ -156,17 +165,45 @@ def _metrics() -> _Counters:
 
 
 def metrics() -> Metrics:
-    """A snapshot of the execution counters (compiles, cache hits, executions, bytes, fallbacks)."""
+    """A snapshot of the execution counters (compiles, cache hits, executions, bytes, fallbacks).
+
+    Example (a training loop that repeats one step compiles it once)::
+
+        import pjrt_plugins.spmd as xs
+        xs.reset_metrics()
+        for _ in range(10):
+            loss = model(x).pow(2).mean(); loss.backward(); opt.step(); opt.zero_grad()
+            xs.sync()
+        m = xs.metrics()
+        m.compiles, m.cache_hits, m.executions   # (1, 9, 10)
+    """
     return _metrics().snapshot()
 
 
 def reset_metrics() -> None:
-    """Zero the execution counters (the transfer counters are not touched)."""
+    """Zero the execution counters (the transfer counters are not touched).
+
+    Byte counts restart from the transfer counters' totals at this moment.
+
+    Example::
+
+        xs.reset_metrics()
+        xs.metrics().executions   # 0
+    """
     _metrics().reset()
 
 
 def metrics_report() -> str:
-    """:func:`metrics` as a short text report."""
+    """:func:`metrics` as a short text report, one counter per line.
+
+    Example::
+
+        print(xs.metrics_report())
+        # compiles:              1
+        # cache hits:            9
+        # executions:            10
+        # ...
+    """
     return metrics().report()
 
 
@@ -241,7 +278,17 @@ _cache_dir_set = False
 
 
 def clear_compile_cache() -> None:
-    """Forget every compiled program held in memory (the cache directory is kept)."""
+    """Forget every compiled program held in memory (the cache directory is kept).
+
+    The next run of each graph compiles again (or loads it from :func:`set_cache_dir`'s
+    directory). Useful to measure compile time, or to free the executables' memory.
+
+    Example::
+
+        xs.clear_compile_cache()
+        y = (x @ w).relu(); xs.sync()
+        xs.metrics().compiles   # one more than before
+    """
     _cache.clear()
 
 
@@ -260,9 +307,17 @@ def set_cache_dir(path: str | os.PathLike[str] | None) -> None:
 
     Entries are keyed by graph structure, plugin and plugin version, and hold the
     plugin's serialized executable; a plugin that cannot deserialize one just compiles.
+    Another process running the same graph on the same plugin loads the executable
+    instead of compiling it (counted in ``metrics().persistent_cache_hits``).
+
+    Example::
+
+        xs.set_cache_dir("~/.cache/my-model-executables")   # or PJRT_PLUGINS_CACHE_DIR=...
+        step(); xs.sync()          # the first process compiles and stores; later ones load
+        xs.set_cache_dir(None)     # back to memory only
     """
     global _cache_dir, _cache_dir_set
-    _cache_dir = Path(path) if path is not None else None
+    _cache_dir = Path(path).expanduser() if path is not None else None
     _cache_dir_set = True
 
 
@@ -270,7 +325,7 @@ def cache_dir() -> Path | None:
     if _cache_dir_set:
         return _cache_dir
     raw = os.environ.get(CACHE_DIR_ENV)
-    return Path(raw) if raw else None
+    return Path(raw).expanduser() if raw else None
 
 
 def lowering_options(vd: Any) -> LoweringOptions:
@@ -363,24 +418,19 @@ def program_key(graph: fx.Graph, options: LoweringOptions, identity: tuple, sign
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compile_options_bytes(num_partitions: int, device_assignment: Sequence[int]) -> bytes:
-    """Serialized CompileOptionsProto: SPMD on, one replica, outputs' shardings left to propagation.
+def compile_options(num_partitions: int, device_assignment: Sequence[int]) -> CompileOptions:
+    """One replica, ``num_partitions`` partitions on ``device_assignment``, SPMD partitioning on.
 
-    The runtime's CompileOptions has no field for ``allow_spmd_sharding_propagation_to_output``;
-    protobuf merges a second ``executable_build_options`` message into the first, so we append one
-    holding just that field.
+    Outputs carry no sharding in the module, so ``allow_spmd_sharding_propagation_to_output``
+    lets the partitioner choose their layouts (read back by :func:`read_output_shardings`).
     """
-    from ..runtime import CompileOptions
-    from ..runtime._proto import message_field, packed_ints
-
-    options = CompileOptions(
+    return CompileOptions(
         num_replicas=1,
         num_partitions=num_partitions,
         use_spmd_partitioning=num_partitions > 1,
         device_assignment=[list(device_assignment)],
+        allow_spmd_sharding_propagation_to_output=True,
     )
-    extra = packed_ints(_FIELD_ALLOW_PROPAGATION_TO_OUTPUT, [1])
-    return options.serialize() + message_field(_FIELD_EXECUTABLE_BUILD_OPTIONS, extra)
 
 
 def compile_graph(graph: fx.Graph, vd: Any = None, *, options: LoweringOptions | None = None,
@@ -419,7 +469,7 @@ def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: Any) -> Co
     t1 = time.perf_counter()
     count("lowering_seconds", t1 - t0)
     assignment = list(vd.device_assignment)
-    exe = vd.client.compile(lowered.artifact, compile_options_bytes(options.num_partitions, assignment))
+    exe = vd.client.compile(lowered.artifact, compile_options(options.num_partitions, assignment))
     count("compile_seconds", time.perf_counter() - t1)
     count("compiles")
     logger.info("compiled a program of %d ops for %d devices in %.2f s", sum(lowered.ops.values()),
@@ -442,13 +492,10 @@ def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> li
     """The shardings the SPMD partitioner chose for the outputs, from the optimized HLO module."""
     if num_partitions == 1:
         return [ShardingSpec.replicated()] * num_outputs
-    fmt, code = exe.optimized_program()
-    if fmt == "hlo_with_config":
-        from ..runtime._proto import length_delimited_fields
-
-        code = length_delimited_fields(code, 1)[0]
-    elif fmt != "hlo":
-        raise LoweringError(f"the plugin returned its optimized program as {fmt!r}; cannot read output shardings")
+    try:
+        code = exe.optimized_hlo_module()
+    except NotImplementedError as exc:
+        raise LoweringError(f"cannot read the output shardings the partitioner chose: {exc}") from exc
     from jaxlib import xla_client
 
     module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(code)
@@ -573,8 +620,12 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], v
     if len(columns) != expected:
         raise LoweringError(f"internal: the program takes {expected} inputs, got {len(columns)}")
     if program.uses_rng:
+        from ._transfer import record_upload
+
         key = next_rng_key()
         columns.append([vd.client.buffer_from_host(key, device=vd.devices[d]) for d in range(n_dev)])
+        for d in range(n_dev):
+            record_upload(d, key.nbytes)
     for i, col in enumerate(columns):
         if len(col) != n_dev or any(b is None for b in col):
             raise LoweringError(f"internal: input {i} is not on every device")

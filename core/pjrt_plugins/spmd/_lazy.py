@@ -68,11 +68,10 @@ class LazyValue:
 
 @dataclass(eq=False)
 class _Input:
-    """A graph input: the device buffers (and sharding) a placeholder stands for, fixed at record time."""
+    """A graph input: the device buffers a placeholder stands for, fixed at record time."""
 
     node: fx.Node
     buffers: list[Any]
-    sharding: ShardingSpec
     generation: int
 
 
@@ -114,7 +113,19 @@ def pending_ops() -> int:
 def set_cpu_fallback(enabled: bool) -> None:
     """Run ops that have no lowering on the CPU (with a warning each time, counted in metrics).
 
-    Off by default: an op with no lowering raises :class:`UnsupportedOpError` naming it.
+    Off by default: an op with no lowering raises
+    :class:`~pjrt_plugins.errors.UnsupportedOpError` naming it. With the fallback on, such an
+    op gathers its inputs to the CPU, runs there, and its results come back as deferred
+    data; each use warns with :class:`~pjrt_plugins.errors.CpuFallbackWarning` and is
+    counted in ``metrics().fallbacks`` / ``fallback_ops``. Slow: use it to find out which
+    operators a model still needs, not for training.
+
+    Example::
+
+        xs.set_cpu_fallback(True)
+        idx = x.nonzero()           # data-dependent shape, no lowering: runs on the CPU, warns
+        xs.metrics().fallback_ops   # {'aten.nonzero.default': 1}
+        xs.set_cpu_fallback(False)
     """
     global _fallback_enabled
     _fallback_enabled = bool(enabled)
@@ -140,10 +151,6 @@ def _tensor_module() -> Any:
     return tensor
 
 
-def _meta_like(data: TensorData) -> torch.Tensor:
-    return torch.empty(data.shape, dtype=data.dtype, device="meta")
-
-
 def _input_node(trace: _Trace, data: TensorData) -> fx.Node:
     """The placeholder for a HOST or DEVICE ``data`` (uploading HOST data now, with its annotation)."""
     from . import _transfer
@@ -156,28 +163,21 @@ def _input_node(trace: _Trace, data: TensorData) -> fx.Node:
     if entry is None:
         assert data.buffers is not None and data.sharding is not None
         node = _placeholder(trace, data)
-        entry = _Input(node, list(data.buffers), data.sharding, data.generation)
+        entry = _Input(node, list(data.buffers), data.generation)
         trace.inputs[key] = entry
     return entry.node
 
 
 def _placeholder(trace: _Trace, data: TensorData) -> fx.Node:
     node = trace.graph.placeholder(f"in{len(trace.inputs)}")
-    node.meta["val"] = _meta_like(data)
+    node.meta["val"] = data.meta()
     node.meta["sharding"] = data.sharding
     return _new_node(trace, node, ("in", data.shape, str(data.dtype), data.sharding.to_hlo()))
 
 
 def _cpu_input_node(trace: _Trace, tensor: torch.Tensor) -> fx.Node:
     """A CPU tensor used with pjrt tensors (an index, a scalar tensor): uploaded replicated as an input."""
-    from . import _transfer
-
-    data = TensorData.from_host(tensor.detach())
-    _transfer.upload(data, None)
-    assert data.buffers is not None and data.sharding is not None
-    node = _placeholder(trace, data)
-    trace.inputs[(data.id, data.version)] = _Input(node, list(data.buffers), data.sharding, data.generation)
-    return node
+    return _input_node(trace, TensorData.from_host(tensor.detach()))
 
 
 def _node_of(trace: _Trace, tensor: torch.Tensor) -> fx.Node:
@@ -189,6 +189,8 @@ def _node_of(trace: _Trace, tensor: torch.Tensor) -> fx.Node:
             if value.trace is not trace:
                 _raise_stale(value)
             return value.node
+        if data.state is TensorState.HOST and data.uninitialized:
+            return _unwritten_node(data)
         return _input_node(trace, data)
     if tensor.device.type == "meta":
         raise VirtualDeviceError("a meta tensor cannot be combined with pjrt tensors")
@@ -196,6 +198,17 @@ def _node_of(trace: _Trace, tensor: torch.Tensor) -> fx.Node:
         raise VirtualDeviceError(f"cannot combine a tensor on {tensor.device} with pjrt tensors; move it to the CPU "
                                  "or to pjrt first")
     return _cpu_input_node(trace, tensor)
+
+
+def _unwritten_node(data: TensorData) -> fx.Node:
+    """Contents nobody wrote (``torch.empty``) read by an op: zeros made on the devices, nothing uploaded.
+
+    ``torch.randn(..., device="pjrt")`` is ``empty`` + ``normal_``, which overwrites them anyway.
+    """
+    from ._device import TORCH_DEVICE
+
+    zeros = _record(aten.zeros.default, (list(data.shape),), {"dtype": data.dtype, "device": TORCH_DEVICE})
+    return zeros._pjrt_data.lazy.node
 
 
 def _raise_stale(value: LazyValue) -> None:
@@ -208,7 +221,7 @@ def _raise_stale(value: LazyValue) -> None:
 def _to_meta(value: Any) -> Any:
     tmod = _tensor_module()
     if isinstance(value, tmod.XLAShardedTensor):
-        return _meta_like(value._pjrt_data)
+        return value._pjrt_data.meta()
     if isinstance(value, torch.Tensor):
         return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
     if isinstance(value, torch.device):
@@ -221,10 +234,6 @@ def _meta_kwargs(kwargs: dict) -> dict:
     if "device" in out and out["device"] is not None:
         out["device"] = torch.device("meta")
     return out
-
-
-def _contiguous_meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
 
 
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
@@ -543,7 +552,21 @@ def on_mark_sharding(data: TensorData) -> None:
 
 
 def sync(wait: bool = True) -> None:
-    """Run everything recorded so far (PyTorch/XLA's ``mark_step``); results stay on the devices."""
+    """Run everything recorded so far (PyTorch/XLA's ``mark_step``); results stay on the devices.
+
+    Call it once per training step: the step's operators become one program, compiled on
+    the first step and taken from the cache afterwards. Every pending tensor becomes device
+    data laid out as the partitioner chose (see its ``sharding_spec``). ``.cpu()``,
+    ``.item()``, printing and ``local_shards`` run pending work too. ``wait`` is accepted
+    for PyTorch/XLA compatibility; execution is synchronous.
+
+    Example::
+
+        loss = F.mse_loss(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        xs.sync()                       # was: xm.mark_step()
+        model[0].weight.sharding_spec   # the layout it keeps across steps
+    """
     with _lock:
         trace = _trace
         if trace is None or trace.ops == 0:
@@ -620,7 +643,7 @@ def _execute(trace: _Trace) -> None:
     if trace.scalars:
         values = torch.tensor(trace.scalars, dtype=torch.float64)
         pool = graph.placeholder("scalars")
-        pool.meta.update(val=_contiguous_meta(values), sharding=ShardingSpec.replicated(), scalar_pool=True)
+        pool.meta.update(val=_to_meta(values), sharding=ShardingSpec.replicated(), scalar_pool=True)
         columns.append(_transfer.upload_host_tensor(values, None, vd))
     graph.output(tuple(nodes))
     program = _executor.compile_graph(graph, vd, signature=signature)

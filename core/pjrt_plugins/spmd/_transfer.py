@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from ..errors import ShardingError, VirtualDeviceError
-from ..runtime._dtypes import torch_to_numpy
 from ._data import TensorData, TensorState, host_empty
 from ._device import VirtualDevice, virtual_device
 from ._sharding import Shard, ShardingSpec, ShardingType
@@ -232,11 +231,7 @@ def check_current(data: TensorData, vd: VirtualDevice | None = None) -> None:
 
 def download_buffer(buffer: Any, ordinal: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """One device buffer as a CPU tensor (counted); written into ``out`` if given (C-contiguous)."""
-    if out is None:
-        result = buffer.to_torch()
-    else:
-        buffer.to_numpy(out=torch_to_numpy(out))
-        result = out
+    result = buffer.to_torch(out=out)
     _counters.add_download(ordinal, result.numel() * result.element_size())
     return result
 

@@ -245,10 +245,6 @@ def unwrap(tensor: torch.Tensor) -> TensorData:
     )
 
 
-def is_pjrt_tensor(value: Any) -> bool:
-    return isinstance(value, XLAShardedTensor)
-
-
 # -- materialization -------------------------------------------------------------------------
 
 

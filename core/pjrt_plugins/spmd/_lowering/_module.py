@@ -20,6 +20,7 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
+from .._sharding import ShardingSpec
 from ._decompose import expand_graph
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
@@ -55,17 +56,11 @@ class LoweredModule:
     ops: dict[str, int] = field(default_factory=dict)
 
 
-def sharding_string(spec: Any) -> str | None:
-    """The HLO sharding string of a ShardingSpec (or a string, or None for unannotated)."""
-    if spec is None:
-        return None
-    if isinstance(spec, str):
+def sharding_string(spec: ShardingSpec | str | None) -> str | None:
+    """The HLO sharding string of a ShardingSpec (a string passes through, None for unannotated)."""
+    if spec is None or isinstance(spec, str):
         return spec
-    for name in ("hlo_sharding", "to_hlo_string", "hlo_string"):
-        attr = getattr(spec, name, None)
-        if attr is not None:
-            return attr() if callable(attr) else str(attr)
-    return str(spec)
+    return spec.to_hlo()
 
 
 def node_value_meta(node: fx.Node) -> Any:

@@ -1,4 +1,4 @@
-"""Lowerings of random ops (rand, randn, randint, bernoulli, dropout, uniform, normal).
+"""Lowerings of random ops (rand, randn, randint, random_, bernoulli, dropout, uniform, normal).
 
 Every random op draws bits from ``stablehlo.rng_bit_generator`` with the active plugin's
 ``rng_default()`` algorithm (seed 001), from the module's RNG key argument. Torch's
@@ -111,6 +111,22 @@ def _randint_low(em: Emitter, out: torch.Tensor, low: int, high: int, size: Any,
                  **kwargs: Any) -> TensorValue:
     _check_generator("aten.randint", generator)
     return _randint(em, out, low, high)
+
+
+@lowers(getattr(aten.random, "from"), random=True)
+def _random_from(em: Emitter, out: torch.Tensor, x: TensorValue, low: int, high: int | None = None, *,
+                 generator: Any = None) -> TensorValue:
+    _check_generator("aten.random_", generator)
+    if high is None:
+        raise UnsupportedOpError("aten.random.from", "random_(from, None) (up to the dtype's maximum) is not "
+                                 "supported on the pjrt device; give an upper bound, as torch.randint does")
+    return _randint(em, out, low, high)
+
+
+@lowers(aten.random.to, random=True)
+def _random_to(em: Emitter, out: torch.Tensor, x: TensorValue, high: int, *, generator: Any = None) -> TensorValue:
+    _check_generator("aten.random_", generator)
+    return _randint(em, out, 0, high)
 
 
 def bernoulli_mask(em: Emitter, shape: Sequence[int], p: Any) -> TensorValue:
