@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 
+from _measure import Table
+
 PYCACHE = os.path.join(tempfile.gettempdir(), "pjrt-plugins-import-cost-pycache")
 REFERENCE_BACKENDS = ("pjrt-plugin-cpu", "pjrt-plugin-gpu", "pjrt-plugin-tpu", "pjrt-plugin-stub-neuron")
 GOAL = 1.5
@@ -85,13 +87,12 @@ def main() -> int:
 
     width = max(map(len, CASES))
     print(f"\nmedians of {args.runs} fresh processes each")
-    print(f"{'case':<{width}}  {'wall ms':>8}  {'x floor':>7}  {'CPU ms':>8}  {'x floor':>7}")
+    table = Table([("case", width, ""), ("wall ms", 8, ".2f"), ("x floor", 7, ".2f"), ("CPU ms", 8, ".2f"),
+                   ("x floor", 7, ".2f")], sep="  ")
+    print(table.header())
     for name in CASES:
         wall, cpu = median(name, 0), median(name, 1)
-        print(
-            f"{name:<{width}}  {wall * 1e3:8.2f}  {wall / median(FLOOR, 0):7.2f}"
-            f"  {cpu * 1e3:8.2f}  {cpu / median(FLOOR, 1):7.2f}"
-        )
+        print(table.row(name, wall * 1e3, wall / median(FLOOR, 0), cpu * 1e3, cpu / median(FLOOR, 1)))
     wall_ratio = median("import pjrt_plugins", 0) / median(FLOOR, 0)
     cpu_ratio = median("import pjrt_plugins", 1) / median(FLOOR, 1)
     verdict = "met" if max(wall_ratio, cpu_ratio) <= GOAL else "NOT met"

@@ -10,7 +10,6 @@ Optionally also a ctypes client (pypjrt) run by another interpreter: --pypjrt-py
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -18,46 +17,13 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jax must not try the CUDA plugin here
 
 import numpy as np
+from _measure import Table, cpu_plugin_library, interleaved_samples
 
-ADD = """
-module @add {
-  func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-    %0 = stablehlo.add %a, %b : tensor<4xf32>
-    return %0 : tensor<4xf32>
-  }
-}
-"""
-
-
-def cpu_plugin_library() -> str:
-    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("the xla-cpu-pjrt wheel is not installed; pass --library")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "xla_cpu_pjrt.so")
-
-
-def measure(cases: dict[str, Callable[[], object]], rounds: int, iterations: int) -> dict[str, list[float]]:
-    """Per-call seconds of every case, rounds interleaved so machine noise hits all alike."""
-    for fn in cases.values():  # warm up
-        for _ in range(200):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    clock = time.perf_counter
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            times = samples[name]
-            for _ in range(iterations):
-                start = clock()
-                fn()
-                times.append(clock() - start)
-    return samples
+from pjrt_plugins.conform._programs import ADD_F32 as ADD
 
 
 def pypjrt_median(python: str, library: str, rounds: int, iterations: int) -> float | None:
@@ -136,7 +102,7 @@ def main() -> None:
         "pjrt_plugins execute+to_numpy": ours,
         "  same, execute(wait=False)": ours_no_wait,
     }
-    samples = measure(cases, args.rounds, args.iterations)
+    samples = interleaved_samples(cases, args.rounds, args.iterations, warmup=200)
     medians = {name: statistics.median(times) for name, times in samples.items()}
     if args.pypjrt_python:
         value = pypjrt_median(args.pypjrt_python, library, args.rounds, args.iterations)
@@ -147,10 +113,11 @@ def main() -> None:
     print(f"dispatch: 4-element f32 add on one device + copy back  (python {platform.python_version()}, "
           f"jax {jax.__version__}, plugin API {'.'.join(map(str, client.library.api_version))}, "
           f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f})")
-    print(f"{'case':34s} {'median us':>10s} {'p90 us':>8s} {'x jax':>7s}")
+    table = Table([("case", 34, ""), ("median us", 10, ".1f"), ("p90 us", 8, ".1f"), ("x jax", 7, ".2f")])
+    print(table.header())
     for name, median in medians.items():
         p90 = statistics.quantiles(samples[name], n=10)[-1] * 1e6 if name in samples else float("nan")
-        print(f"{name:34s} {median * 1e6:10.1f} {p90:8.1f} {median / base:7.2f}")
+        print(table.row(name, median * 1e6, p90, median / base))
     ratio = medians["pjrt_plugins execute+to_numpy"] / base
     print(f"goal: within 2x of jax -> {'met' if ratio <= 2 else 'NOT met'} ({ratio:.2f}x)")
     client.close()

@@ -10,41 +10,19 @@ plugin needs before it aliases host memory instead of copying it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
-
-
-def cpu_plugin_library() -> str:
-    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("the xla-cpu-pjrt wheel is not installed; pass --library")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "xla_cpu_pjrt.so")
+from _measure import Table, cpu_plugin_library, interleaved_samples
 
 
 def aligned_empty(count: int, dtype: np.dtype, alignment: int = 64) -> np.ndarray:
     raw = np.empty(count * dtype.itemsize + alignment, np.uint8)
     offset = (-raw.ctypes.data) % alignment
     return raw[offset : offset + count * dtype.itemsize].view(dtype)
-
-
-def measure(cases: dict[str, Callable[[], object]], rounds: int, iterations: int) -> dict[str, list[float]]:
-    for fn in cases.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            for _ in range(iterations):
-                start = time.perf_counter()
-                fn()
-                samples[name].append(time.perf_counter() - start)
-    return samples
 
 
 def main() -> None:
@@ -89,17 +67,18 @@ def main() -> None:
     for name, fn in cases.items():
         if not np.array_equal(fn(), src):
             sys.exit(f"{name} returned wrong data")
-    samples = measure(cases, args.rounds, args.iterations)
+    samples = interleaved_samples(cases, args.rounds, args.iterations)
     medians = {name: statistics.median(times) for name, times in samples.items()}
 
     nbytes = src.nbytes
     print(f"transfer: host -> device -> host, {args.mib} MiB float32  (plugin API "
           f"{'.'.join(map(str, client.library.api_version))}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f})")
-    print(f"{'case':34s} {'median ms':>10s} {'GB/s':>7s} {'fraction of numpy':>18s}")
+    table = Table([("case", 34, ""), ("median ms", 10, ".2f"), ("GB/s", 7, ".2f"), ("fraction of numpy", 18, ".2f")])
+    print(table.header())
     for name, median in medians.items():
         into = "into" in name or "copyto" in name
         baseline = medians["numpy copyto (existing array)" if into else "numpy copy (new array)"]
-        print(f"{name:34s} {median * 1e3:10.2f} {nbytes / median / 1e9:7.2f} {baseline / median:18.2f}")
+        print(table.row(name, median * 1e3, nbytes / median / 1e9, baseline / median))
     best = medians["numpy copy (new array)"] / medians["h2d zero-copy + d2h (new array)"]
     print(f"goal: >= 0.8 of a numpy copy -> {'met' if best >= 0.8 else 'NOT met'} ({best:.2f}, zero-copy, new array)")
     client.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._defaults import env_int
+from ._library_lookup import find_library, installed_library
 from ._plugin import DevicePlugin
 from ._registry import (
     PluginRecord,
@@ -24,37 +26,60 @@ from ._discovery import autoload_enabled, discover_plugins
 from ._marker import hookimpl
 from .errors import (
     ApiVersionError,
+    ClientClosedError,
+    CpuFallbackWarning,
+    DistributedSetupError,
     LibraryLoadError,
+    LoweringError,
     PjrtError,
     PjrtPluginsError,
+    PluginInitializeTimeoutError,
     PluginLoadError,
     PluginNotFoundError,
     PluginUnavailableError,
     PluginWarning,
+    ShardingConflictError,
+    ShardingError,
+    SpmdDisabledError,
     UnsupportedFunctionError,
+    UnsupportedOpError,
+    VirtualDeviceError,
 )
 
 __all__ = [
     "ApiVersionError",
+    "ClientClosedError",
+    "CpuFallbackWarning",
     "DevicePlugin",
+    "DistributedSetupError",
     "LibraryLoadError",
+    "LoweringError",
     "OptionType",
     "PjrtError",
     "PjrtPluginsError",
+    "PluginInitializeTimeoutError",
     "PluginLoadError",
     "PluginNotFoundError",
     "PluginRecord",
     "PluginUnavailableError",
     "PluginWarning",
+    "ShardingConflictError",
+    "ShardingError",
+    "SpmdDisabledError",
     "UnsupportedFunctionError",
+    "UnsupportedOpError",
+    "VirtualDeviceError",
     "autoload_enabled",
     "canonical_name",
     "create_client",
     "default_plugin",
     "discover_plugins",
+    "env_int",
+    "find_library",
     "get_plugin",
     "hookimpl",
     "hookspec",
+    "installed_library",
     "plugin_records",
     "register_plugin",
     "registered_plugins",

@@ -17,7 +17,9 @@ DEFAULT_INITIALIZE_TIMEOUT_S = 60.0
 def env_int(*names: str, default: int) -> int:
     """The first of ``names`` set in the environment, as an int, else ``default``.
 
-    A value that is not an integer raises ``ValueError`` naming the variable.
+    An empty or blank value counts as unset. A value that is not an integer raises
+    ``ValueError`` naming the variable, e.g. ``env_int("LOCAL_RANK", default=0)``.
+    Public as ``pjrt_plugins.env_int`` for backends reading their own variables.
     """
     for name in names:
         raw = os.environ.get(name)

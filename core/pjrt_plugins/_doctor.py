@@ -7,14 +7,13 @@ library that hangs or aborts is reported, never able to hang or kill the doctor.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._child_process import child_environment, describe_exit, output_tail
 from ._registry import PluginRecord
 
 _MARK = "@@pjrt-plugins-doctor@@ "
@@ -81,20 +80,12 @@ def _hint_of(error: BaseException | None) -> str:
     return hint.strip() if sep else ""
 
 
-def _child_environment() -> dict[str, str]:
-    env = dict(os.environ)
-    # The child must see exactly the distributions this process sees.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _probe_in_child(name: str, timeout: float) -> list[Check]:
     command = [sys.executable, "-m", "pjrt_plugins._doctor", name]
     started = time.monotonic()
     try:
         proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, env=_child_environment(), stdin=subprocess.DEVNULL
+            command, capture_output=True, text=True, timeout=timeout, env=child_environment(), stdin=subprocess.DEVNULL
         )
         stdout, stderr, returncode, timed_out = proc.stdout, proc.stderr, proc.returncode, False
     except subprocess.TimeoutExpired as exc:
@@ -114,7 +105,7 @@ def _probe_in_child(name: str, timeout: float) -> list[Check]:
     elif returncode != 0:
         # A stage that never finished died with the process; otherwise it died on the way out.
         stage = current or ("loaded" if not checks else "process exit")
-        checks.append(Check(stage, False, f"the process {_describe_exit(returncode)}{_tail(stderr)}", _crash_fix(returncode, name)))
+        checks.append(Check(stage, False, f"the process {describe_exit(returncode)}{output_tail(stderr)}", _crash_fix(returncode, name)))
     return checks
 
 
@@ -140,15 +131,6 @@ def _parse_child_output(stdout: str) -> tuple[list[Check], str | None]:
     return checks, current
 
 
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
 def _crash_fix(returncode: int, name: str) -> str:
     if returncode < 0:
         return (
@@ -156,11 +138,6 @@ def _crash_fix(returncode: int, name: str) -> str:
             "report it to the plugin's maintainers with this output. pjrt_plugins cannot catch a crash inside the library"
         )
     return f"run `python -m pjrt_plugins._doctor {name}` to see the whole output"
-
-
-def _tail(stderr: str, lines: int = 6) -> str:
-    kept = [line for line in stderr.strip().splitlines() if line.strip()][-lines:]
-    return ("; last output:\n      " + "\n      ".join(kept)) if kept else ""
 
 
 # -- child side ---------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,18 +15,6 @@ REPO = HERE.parents[1]
 LEAKY_ENV = ("PJRT_DEVICE", "PJRT_LIBRARY_PATH", "PJRT_NAMES_AND_LIBRARY_PATHS", "CPU_NUM_DEVICES",
              "NEURONCORE_NUM_DEVICES", "NEURON_RT_VISIBLE_CORES", "NEURON_LIBRARY_PATH", "LOCAL_WORLD_SIZE",
              "PJRT_LOCAL_PROCESS_COUNT", "WORLD_SIZE")
-
-
-def package_file(module: str, relative: str) -> Path | None:
-    """``relative`` inside an installed package, found without importing it."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    return path if path.is_file() else None
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -4,14 +4,14 @@ build broken test plugins (``fake_*``) with gcc around the real stub_neuron libr
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
-from conform_support import HERE, CliRun, clean_env, package_file
+from _support import package_file
+from conform_support import HERE, CliRun, clean_env
 
 
 @pytest.fixture(scope="session")
@@ -45,14 +45,6 @@ def pjrt_header_dir() -> Path:
     if header is None:
         pytest.skip("the xla-cpu-pjrt wheel (source of pjrt_c_api.h) is not installed")
     return header.parent
-
-
-@pytest.fixture(scope="session")
-def gcc() -> str:
-    path = shutil.which("gcc")
-    if path is None:
-        pytest.skip("gcc is not installed (needed to build the broken test plugins)")
-    return path
 
 
 @pytest.fixture(scope="session")

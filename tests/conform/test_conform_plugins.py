@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conform_support import package_file
+from _support import package_file
 
 
 def statuses(report: dict) -> set[str]:

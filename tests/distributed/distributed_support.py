@@ -115,44 +115,56 @@ def run_job(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    agents: list[subprocess.Popen] = []
-    log_paths = []
+    launches = []
+    for node_rank in range(nnodes):
+        command = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "--max-restarts", "0", "--monitor-interval", "0.1",
+            str(WORKER), scenario, str(out_dir),
+        ]  # fmt: skip
+        launches.append((command, env or clean_env(), out_dir / f"agent{node_rank}.log"))
+    return _run_bounded(
+        launches, out_dir, scenario, timeout,
+        late=f"torchrun job {scenario!r} did not finish within {timeout} s and was killed",
+    )  # fmt: skip
+
+
+def _run_bounded(
+    launches: list[tuple[list[str], dict[str, str], Path]], out_dir: Path, scenario: str, timeout: float, *, late: str
+) -> JobResult:
+    """Start each (command, environment, log file) in its own session, wait for all until one deadline,
+    kill whatever is left (groups and recorded workers), and collect the logs and results.
+
+    Raises AssertionError starting with ``late`` (then the job's description) if the deadline passed.
+    """
+    procs: list[subprocess.Popen] = []
+    timed_out = False
     try:
-        for node_rank in range(nnodes):
-            log_path = out_dir / f"agent{node_rank}.log"
-            log_paths.append(log_path)
-            command = [
-                sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
-                "--master-addr", "127.0.0.1", "--master-port", str(port),
-                "--max-restarts", "0", "--monitor-interval", "0.1",
-                str(WORKER), scenario, str(out_dir),
-            ]  # fmt: skip
+        for command, env, log_path in launches:
             with open(log_path, "wb") as log:
-                agents.append(
+                procs.append(
                     subprocess.Popen(
-                        command, env=env or clean_env(), stdout=log, stderr=subprocess.STDOUT,
+                        command, env=env, stdout=log, stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL, start_new_session=True,
                     )  # fmt: skip
                 )
         deadline = time.monotonic() + timeout
-        timed_out = False
-        for agent in agents:
+        for proc in procs:
             try:
-                agent.wait(max(deadline - time.monotonic(), 0.1))
+                proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 timed_out = True
                 break
     finally:
-        for agent in agents:
-            _kill_group(agent)
+        for proc in procs:
+            _kill_group(proc)
         _kill_workers(out_dir)
-    logs = "\n".join(f"=== {p.name}\n{p.read_text(errors='replace')}" for p in log_paths if p.exists())
-    result = JobResult([a.returncode for a in agents], logs, read_results(out_dir, scenario))
+    logs = "\n".join(f"=== {p.name}\n{p.read_text(errors='replace')}" for _, _, p in launches if p.exists())
+    result = JobResult([p.returncode for p in procs], logs, read_results(out_dir, scenario))
     if timed_out:
-        raise AssertionError(
-            f"torchrun job {scenario!r} did not finish within {timeout} s and was killed\n{result.describe()}"
-        )
+        raise AssertionError(f"{late}\n{result.describe()}")
     return result
 
 
@@ -169,33 +181,10 @@ def run_plain(
 ) -> JobResult:
     """Run one worker per environment in ``envs`` without torchrun (as another launcher, or none, would)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
-    log_paths = [out_dir / f"plain{i}.log" for i in range(len(envs))]
-    timed_out = False
-    try:
-        for env, log_path in zip(envs, log_paths):
-            with open(log_path, "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, str(WORKER), scenario, str(out_dir)], env=env, stdout=log,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                    )  # fmt: skip
-                )
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-    finally:
-        for proc in procs:
-            _kill_group(proc)
-        _kill_workers(out_dir)
-    logs = "\n".join(f"=== {p.name}\n{p.read_text(errors='replace')}" for p in log_paths if p.exists())
-    result = JobResult([p.returncode for p in procs], logs, read_results(out_dir, scenario))
-    if timed_out:
-        raise AssertionError(
-            f"workers of {scenario!r} did not finish within {timeout} s and were killed\n{result.describe()}"
-        )
-    return result
+    launches = [
+        ([sys.executable, str(WORKER), scenario, str(out_dir)], env, out_dir / f"plain{i}.log") for i, env in enumerate(envs)
+    ]
+    return _run_bounded(
+        launches, out_dir, scenario, timeout,
+        late=f"workers of {scenario!r} did not finish within {timeout} s and were killed",
+    )  # fmt: skip

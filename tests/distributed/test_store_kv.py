@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from _support import run_on_threads
 
 import pjrt_plugins
 from pjrt_plugins import PjrtError, distributed
@@ -91,24 +92,13 @@ def test_two_stub_nodes_exchange_devices_through_tcpstore(tcp_store):
 
     stub = pjrt_plugins.get_plugin("stub_neuron")
     clients: dict[int, object] = {}
-    errors: list[BaseException] = []
 
     def node(node_id: int) -> None:
-        try:
-            connection = dist.TCPStore("127.0.0.1", tcp_store.port, 1, False, timeout=timedelta(seconds=30))
-            options = {"node_id": node_id, "num_nodes": 2, "num_devices": 1 + node_id, "kv_timeout_ms": 20000}
-            clients[node_id] = distributed.create_client(
-                stub, options, store=connection, namespace="job/", configure=False
-            )
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        connection = dist.TCPStore("127.0.0.1", tcp_store.port, 1, False, timeout=timedelta(seconds=30))
+        options = {"node_id": node_id, "num_nodes": 2, "num_devices": 1 + node_id, "kv_timeout_ms": 20000}
+        clients[node_id] = distributed.create_client(stub, options, store=connection, namespace="job/", configure=False)
 
-    threads = [threading.Thread(target=node, args=(n,)) for n in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    run_on_threads(node, [(0,), (1,)])
     try:
         assert tcp_store.get("job/stub_neuron/devices/0") == b"v1 num_devices=1"
         assert tcp_store.get("job/stub_neuron/devices/1") == b"v1 num_devices=2"

@@ -24,6 +24,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from pjrt_plugins.conform._programs import spmd_square_and_sum
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,17 +45,8 @@ LEAKY_ENV_PREFIXES = ("PJRT_", "TPU_", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "CU
                       "XLA_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                       "RANK", "WORLD_SIZE", "GROUP_RANK")
 
-SPMD_PROGRAM = """
-module @square_and_sum attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
-  func.func public @main(%x: tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"})
-      -> (tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
-    %sq = stablehlo.multiply %x, %x : tensor<16xf32>
-    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %sum = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<16xf32>, tensor<f32>) -> tensor<f32>
-    return %sq, %sum : tensor<16xf32>, tensor<f32>
-  }
-}
-"""
+#: x * x and sum(x * x) of a 16-vector split over 8 devices (the conformance kit's program, built here).
+SPMD_PROGRAM = spmd_square_and_sum(8, shard_length=2)
 
 
 @dataclass
@@ -270,7 +263,7 @@ def test_cpu_runs_a_program_on_eight_devices(venv):
         env={"CPU_NUM_DEVICES": "8"},
     )
     assert result.returncode == 0, result.stderr
-    assert "devices=8 sums= [120.0]" in result.stdout
+    assert "devices=8 sums= [1240.0]" in result.stdout  # sum of the squares of 0..15
 
 
 def test_stub_creates_a_client_with_n_devices_and_round_trips_a_buffer(venv):

@@ -10,30 +10,12 @@ import pytest
 
 import pjrt_plugins
 from pjrt_plugins import OptionType, PluginUnavailableError
+from pjrt_plugins.conform._programs import ADD_F32, spmd_square_and_sum
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_cpu import CpuPlugin
 
-ADD_PROGRAM = """
-module @add {
-  func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-    %0 = stablehlo.add %a, %b : tensor<4xf32>
-    return %0 : tensor<4xf32>
-  }
-}
-"""
-
-# Squares a 16-vector split over 8 devices and sums it across them (the partitioner adds the all-reduce).
-SPMD_PROGRAM = """
-module @square_and_sum attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
-  func.func public @main(%x: tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"})
-      -> (tensor<16xf32> {mhlo.sharding = "{devices=[8]0,1,2,3,4,5,6,7}"}, tensor<f32> {mhlo.sharding = "{replicated}"}) {
-    %sq = stablehlo.multiply %x, %x : tensor<16xf32>
-    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %sum = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<16xf32>, tensor<f32>) -> tensor<f32>
-    return %sq, %sum : tensor<16xf32>, tensor<f32>
-  }
-}
-"""
+# Squares a 16-vector split over 8 devices and sums the squares across them (the partitioner adds the all-reduce).
+SPMD_PROGRAM = spmd_square_and_sum(8, shard_length=2)
 
 
 @pytest.fixture
@@ -162,7 +144,7 @@ def test_default_client_has_one_cpu_device(cpu):
 
 def test_add_program_runs_on_cpu(cpu):
     with cpu.create_client() as client:
-        executable = client.compile(ADD_PROGRAM)
+        executable = client.compile(ADD_F32)
         a = client.buffer_from_host(np.arange(4, dtype=np.float32))
         b = client.buffer_from_host(np.full(4, 10, dtype=np.float32))
         [[out]] = executable.execute([[a, b]])
@@ -185,8 +167,8 @@ def test_eight_device_client_runs_spmd_program(cpu, monkeypatch):
         assert len(outputs) == 8
         squares = np.concatenate([outs[0].to_numpy() for outs in outputs])
         np.testing.assert_array_equal(squares, x * x)
-        for outs in outputs:  # every device holds the all-reduced sum
-            assert float(outs[1].to_numpy()) == float(x.sum())
+        for outs in outputs:  # every device holds the all-reduced sum of the squares
+            assert float(outs[1].to_numpy()) == float((x * x).sum())
 
 
 def test_caller_options_override_cpu_num_devices(cpu, monkeypatch):

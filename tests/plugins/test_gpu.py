@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 import pjrt_plugins
-from pjrt_plugins import OptionType, PluginUnavailableError
+from pjrt_plugins import OptionType, PluginUnavailableError, installed_library
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_gpu import GpuPlugin
 from pjrt_plugin_gpu._devices import installed_gpu_count, visible_gpu_count
-from pjrt_plugin_gpu._plugin import OPTION_SCHEMA, installed_library
+from pjrt_plugin_gpu._plugin import OPTION_SCHEMA
 
 
 @pytest.fixture

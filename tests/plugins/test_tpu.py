@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import pjrt_plugins
-from pjrt_plugins import OptionType, PluginUnavailableError
+from pjrt_plugins import OptionType, PluginUnavailableError, installed_library
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_tpu import TpuPlugin
 from pjrt_plugin_tpu._host import count_tpu_chips, on_google_compute_engine
 from pjrt_plugin_tpu._metadata import parse_tpu_env, parse_worker_endpoints
-from pjrt_plugin_tpu._plugin import installed_library
+from pjrt_plugin_tpu._plugin import LIBRARY_DISTRIBUTIONS
 from pjrt_plugin_tpu._topology import (
     TpuSlice,
     bounds_size,
@@ -75,7 +75,7 @@ def test_tpu_library_path_env_overrides_and_is_checked(tpu, monkeypatch, tmp_pat
     assert tpu.library_path() == str(other)
     monkeypatch.setenv("TPU_LIBRARY_PATH", str(tmp_path / "missing.so"))
     assert "TPU_LIBRARY_PATH" in tpu.unavailable_reason()
-    assert installed_library() is not None  # the package is still there; the override wins
+    assert installed_library(LIBRARY_DISTRIBUTIONS) is not None  # the package is still there; the override wins
 
 
 # -- chips and host -----------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_parse_metadata_attributes():
 
 @needs_no_tpu
 def test_tpu_client_without_chips_fails_fast_with_real_libtpu_installed(run_python):
-    assert installed_library() is not None, "libtpu must be installed for this test to prove anything"
+    assert installed_library(LIBRARY_DISTRIBUTIONS) is not None, "libtpu must be installed for this test to prove anything"
     result = run_python(
         """
         import os, sys, pjrt_plugins

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from runtime_support import CPU_OPTION_SCHEMA, site_file
+from _support import package_file
+from runtime_support import CPU_OPTION_SCHEMA
 
 HERE = Path(__file__).resolve().parent
 SHIM_SOURCE = HERE / "shim_plugin.c"
@@ -17,7 +17,7 @@ SHIM_SOURCE = HERE / "shim_plugin.c"
 
 @pytest.fixture(scope="session")
 def cpu_library_path() -> Path:
-    path = site_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
+    path = package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
     if path is None:
         pytest.skip("the xla-cpu-pjrt wheel (the real CPU PJRT plugin) is not installed")
     return path
@@ -29,14 +29,6 @@ def cpu_header_dir(cpu_library_path: Path) -> Path:
     if not (include / "pjrt_c_api.h").is_file():
         pytest.skip("the CPU plugin wheel ships no pjrt_c_api.h")
     return include
-
-
-@pytest.fixture(scope="session")
-def gcc() -> str:
-    path = shutil.which("gcc")
-    if path is None:
-        pytest.skip("gcc is not installed (needed to build test libraries)")
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,44 +1,19 @@
-"""Helpers for the runtime tests: installed plugin files, StableHLO test programs, jaxlib re-encoding."""
+"""Helpers for the runtime tests: StableHLO test programs and jaxlib re-encoding.
+
+The add and SPMD programs are the conformance kit's own (pjrt_plugins.conform._programs), so
+one source serves the runtime, backend and conformance tests; the others are runtime-only.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-from pathlib import Path
 
+from pjrt_plugins.conform._programs import ADD_F32 as ADD_F32_4
+from pjrt_plugins.conform._programs import spmd_square_and_sum as _conform_spmd_square_and_sum
 
 #: The create options of the CPU plugin (the backend package declares the same schema).
 CPU_OPTION_SCHEMA = {"cpu_device_count": int}
 
-
-def package_dir(module: str) -> Path | None:
-    """The directory of an installed package, without importing it."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def site_file(module: str, relative: str) -> Path | None:
-    """``relative`` inside an installed package, if that file exists."""
-    directory = package_dir(module)
-    if directory is None:
-        return None
-    path = directory / relative
-    return path if path.is_file() else None
-
-
-ADD_F32_4 = """
-module @add {
-  func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-    %0 = stablehlo.add %a, %b : tensor<4xf32>
-    return %0 : tensor<4xf32>
-  }
-}
-"""
 
 # Several outputs of different shapes and dtypes.
 MULTI_OUTPUT = """
@@ -69,21 +44,10 @@ module @identity {{
 
 
 def spmd_square_and_sum(num_devices: int = 8, length: int = 16) -> str:
-    """An SPMD program: x sharded over ``num_devices``; returns x*x (sharded) and sum(x*x) (replicated)."""
-    ids = ",".join(str(i) for i in range(num_devices))
-    tiled = f'"{{devices=[{num_devices}]{ids}}}"'
-    return f"""
-module @spmd attributes {{mhlo.num_partitions = {num_devices} : i32, mhlo.num_replicas = 1 : i32}} {{
-  func.func public @main(%x: tensor<{length}xf32> {{mhlo.sharding = {tiled}}})
-      -> (tensor<{length}xf32> {{mhlo.sharding = {tiled}}}, tensor<f32> {{mhlo.sharding = "{{replicated}}"}}) {{
-    %sq = stablehlo.multiply %x, %x : tensor<{length}xf32>
-    %zero = stablehlo.constant dense<0.0> : tensor<f32>
-    %sum = stablehlo.reduce(%sq init: %zero) applies stablehlo.add across dimensions = [0]
-        : (tensor<{length}xf32>, tensor<f32>) -> tensor<f32>
-    return %sq, %sum : tensor<{length}xf32>, tensor<f32>
-  }}
-}}
-"""
+    """An SPMD program: x (``length`` long) sharded over ``num_devices``; returns x*x (sharded) and sum(x*x)."""
+    if length % num_devices:
+        raise ValueError(f"length {length} must be a multiple of num_devices {num_devices}")
+    return _conform_spmd_square_and_sum(num_devices, length // num_devices)
 
 
 def busy_loop(iterations: int) -> str:

@@ -263,6 +263,17 @@ def test_to_numpy_into_a_given_array(client8):
         buf.to_numpy(out=np.zeros((4, 3), np.int32))
 
 
+
+def test_to_torch_into_a_given_tensor(client8):
+    torch = pytest.importorskip("torch")
+    data = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    buf = client8.buffer_from_host(data)
+    target = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    assert buf.to_torch(out=target[1]) is not None
+    assert torch.equal(target[1], data) and not target[0].any()
+    with pytest.raises(ValueError, match="writeable C-contiguous"):
+        buf.to_torch(out=torch.zeros(4, 3, dtype=torch.bfloat16))
+
 def test_device_memory_buffers_use_the_transfer_paths(build_shim):
     # Through a plugin whose buffers are not in host memory, row-major data takes
     # PJRT_Buffer_ToHostBuffer and a column-major output PJRT_Buffer_CopyRawToHost.

@@ -36,7 +36,7 @@ def test_add_program(client8, add):
 
 
 def test_executable_facts(client8, add):
-    assert add.name == "add"
+    assert add.name == "conform_add"  # the name of the StableHLO module
     assert add.num_outputs == 1
     assert add.output_shapes == [(4,)]
     assert add.output_dtypes == [np.dtype(np.float32)]
@@ -46,7 +46,7 @@ def test_executable_facts(client8, add):
     fingerprint = add.fingerprint
     assert fingerprint is None or (isinstance(fingerprint, str) and fingerprint)
     assert add.cost_analysis().get("flops") == 4.0
-    assert "HloModule add" in add.optimized_hlo_text()
+    assert "HloModule conform_add" in add.optimized_hlo_text()
     assert "outputs=1" in repr(add)
 
 
@@ -135,7 +135,8 @@ def test_portable_executable_runs_on_a_chosen_device(client8):
 
 
 def test_replicated_program_runs_one_argument_list_per_device(client8):
-    program = ADD_F32_4.replace("module @add", "module @add attributes {mhlo.num_replicas = 2 : i32}")
+    program = ADD_F32_4.replace("module @conform_add", "module @conform_add attributes {mhlo.num_replicas = 2 : i32}")
+    assert program != ADD_F32_4
     exe = client8.compile(program, CompileOptions(num_replicas=2))
     devices = exe.addressable_devices
     assert exe.num_replicas == 2 and len(devices) == 2
@@ -237,11 +238,9 @@ def test_identity_programs_keep_dtypes(client8, mlir, dtype):
 
 
 def test_compile_a_serialized_hlo_module(client8, add):
-    from pjrt_plugins.runtime._proto import length_delimited_fields
-
-    fmt, code = add.optimized_program()
+    fmt, _ = add.optimized_program()
     assert fmt in ("hlo", "hlo_with_config")
-    module = length_delimited_fields(code, 1)[0] if fmt == "hlo_with_config" else code
+    module = add.optimized_hlo_module()  # the HloModuleProto, unwrapped from hlo_with_config
     exe = client8.compile(module, format="hlo")
     x = client8.buffer_from_host(f32([1, 2, 3, 4]))
     np.testing.assert_array_equal(exe.execute([[x, x]])[0][0].to_numpy(), [2, 4, 6, 8])

@@ -7,7 +7,7 @@ import threading
 import cffi
 import numpy as np
 import pytest
-from runtime_support import site_file
+from _support import package_file, run_on_threads
 
 from pjrt_plugins.runtime import Client, load_library
 from pjrt_plugins.runtime._cdef import STRUCT_SIZE, ffi
@@ -90,27 +90,18 @@ def test_store_without_the_protocol_is_refused_before_the_c_call(cpu_library_pat
 
 
 def test_two_stub_nodes_exchange_devices_through_one_store():
-    path = site_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
+    path = package_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
     if path is None:
         pytest.skip("pjrt-plugin-stub-neuron is not installed")
     schema = {"num_devices": int, "node_id": int, "num_nodes": int, "kv_timeout_ms": int}
     store = MemoryKvStore()
     clients: dict[int, Client] = {}
-    errors: list[BaseException] = []
 
     def node(node_id: int) -> None:
-        try:
-            options = {"num_devices": 2 + node_id, "node_id": node_id, "num_nodes": 2, "kv_timeout_ms": 20000}
-            clients[node_id] = Client(path, options, schema=schema, kv_store=store)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        options = {"num_devices": 2 + node_id, "node_id": node_id, "num_nodes": 2, "kv_timeout_ms": 20000}
+        clients[node_id] = Client(path, options, schema=schema, kv_store=store)
 
-    threads = [threading.Thread(target=node, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    run_on_threads(node, [(0,), (1,)])
     try:
         for node_id, client in clients.items():
             assert len(client.devices) == 5  # 2 + 3 devices across both nodes

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_support import ADD_F32_4, site_file
+from _support import package_file, run_on_threads
+from runtime_support import ADD_F32_4
 
 from pjrt_plugins import PluginUnavailableError
 from pjrt_plugins.runtime import (
@@ -202,21 +202,8 @@ def test_initialize_runs_once_even_from_many_threads(build_c_library, cpu_librar
     )
     path = build_c_library(source, f"-I{cpu_header_dir}", name="countinit")
     lib = load_library(path)
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            lib.initialize(timeout=30)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_on_threads(lambda: lib.initialize(timeout=30), [()] * 6, timeout=None)
     lib.initialize()
-    assert not errors
     import cffi
 
     ffi = cffi.FFI()
@@ -242,7 +229,7 @@ def test_extension_with_a_too_small_struct_size_stops_the_walk(build_shim, caplo
 
 
 def _libtpu() -> Path:
-    path = site_file("libtpu", "libtpu.so")
+    path = package_file("libtpu", "libtpu.so")
     if path is None:
         pytest.skip("libtpu is not installed")
     return path
@@ -250,7 +237,7 @@ def _libtpu() -> Path:
 
 def _cuda_plugin() -> Path:
     for module in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
-        path = site_file(module, "xla_cuda_plugin.so")
+        path = package_file(module, "xla_cuda_plugin.so")
         if path is not None:
             return path
     pytest.skip("no jax CUDA PJRT plugin wheel is installed")
@@ -301,7 +288,7 @@ def test_cuda_plugin_without_a_gpu_fails_fast_with_code_9(python_subprocess):
 
 
 def test_stub_plugin_loads_and_runs_buffers():
-    path = site_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
+    path = package_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
     if path is None:
         pytest.skip("pjrt-plugin-stub-neuron is not installed")
     lib = load_library(path)

@@ -67,24 +67,6 @@ OPTIONAL_GROUPS = {
 }
 
 
-# -- the runtime internals the raw probes need (kept in one place) ------------------------------
-
-
-def _client_handle(client: Any) -> Any:
-    """The live ``PJRT_Client*`` (raises if the client is closed)."""
-    return client._check_open()
-
-
-def _buffer_handle(buffer: Any) -> Any:
-    """The live ``PJRT_Buffer*`` (raises if the buffer was released)."""
-    return buffer._handle()
-
-
-def _api_version_struct_size(library: Any) -> int:
-    """``PJRT_Api.pjrt_api_version.struct_size`` as the plugin reports it."""
-    return int(library._api.pjrt_api_version.struct_size)
-
-
 def _lib_warnings(action: Any) -> tuple[Any, list[str]]:
     """Run ``action()`` and collect the warnings the runtime's library module logs meanwhile."""
     messages: list[str] = []
@@ -150,7 +132,7 @@ def check_abi_struct_sizes(ctx: Context) -> str:
             f"least {needed} (through {last.name}); set struct_size to PJRT_Api_STRUCT_SIZE of the header you "
             "build against"
         )
-    version_size = _api_version_struct_size(library)
+    version_size = library.api_version_struct_size
     expected_version = _cdef.STRUCT_SIZE["PJRT_Api_Version"]
     if version_size < expected_version:
         raise Fail(
@@ -366,7 +348,7 @@ def _platform_name_args(ctx: Context, size: int) -> tuple[Any, Any]:
     raw = ffi.new("char[]", max(size, real))
     args = ffi.cast("PJRT_Client_PlatformName_Args*", raw)
     args.struct_size = size
-    args.client = _client_handle(ctx.client)
+    args.client = ctx.client.c_pointer()
     return raw, args
 
 
@@ -430,15 +412,15 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _plugin_view(buffer: Any) -> tuple[tuple[int, ...], int]:
     """(dimensions, element type) as the plugin reports them (the runtime caches what it uploaded)."""
+    from ..runtime import new_args
     from ..runtime._cdef import ffi
-    from ..runtime._library import new_args
 
     library = buffer.client.library
     dims = new_args("PJRT_Buffer_Dimensions_Args")
-    dims.buffer = _buffer_handle(buffer)
+    dims.buffer = buffer.c_pointer()
     library.call("PJRT_Buffer_Dimensions", dims)
     kind = new_args("PJRT_Buffer_ElementType_Args")
-    kind.buffer = _buffer_handle(buffer)
+    kind.buffer = buffer.c_pointer()
     library.call("PJRT_Buffer_ElementType", kind)
     shape = tuple(ffi.unpack(dims.dims, dims.num_dims)) if dims.num_dims else ()
     return shape, int(ffi.cast("int", kind.type))
@@ -532,7 +514,7 @@ def check_buffers_every_device(ctx: Context) -> str:
 @check("buffers.lifecycle", "ready events; a deleted buffer reports so and refuses reads",
        requires=("buffers.float32",))
 def check_buffers_lifecycle(ctx: Context) -> str:
-    from ..runtime._library import new_args
+    from ..runtime import new_args
 
     client = ctx.client
     buffer = client.buffer_from_host(np.arange(4, dtype=np.float32))
@@ -543,7 +525,7 @@ def check_buffers_lifecycle(ctx: Context) -> str:
         if buffer.is_deleted:
             raise Fail("a live buffer reports it is deleted")
         args = new_args("PJRT_Buffer_Delete_Args")
-        args.buffer = _buffer_handle(buffer)
+        args.buffer = buffer.c_pointer()
         client.library.call("PJRT_Buffer_Delete", args)
         if not buffer.is_deleted:
             raise Fail("after PJRT_Buffer_Delete, PJRT_Buffer_IsDeleted still says false")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._doctor import _child_environment, _describe_exit, _tail
+from .._child_process import child_environment, describe_exit, output_tail
 from ._child import EVENT_MARK
 from ._report import CheckResult, Report, Status
 from ._target import Target
@@ -170,7 +170,7 @@ class _ChildRun:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=_child_environment(),
+            env=child_environment(),
             start_new_session=True,  # so a hung plugin's threads and children can be killed as a group
         )
         self._lines: queue.Queue[bytes | None] = queue.Queue()
@@ -248,4 +248,4 @@ class _ChildRun:
             )
         code = self.returncode if self.returncode is not None else -1
         crash = " (a crash inside the plugin library)" if code < 0 else ""
-        return f"the process {_describe_exit(code)}{crash}{_tail(self.stderr_text())}"
+        return f"the process {describe_exit(code)}{crash}{output_tail(self.stderr_text())}"

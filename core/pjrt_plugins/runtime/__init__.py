@@ -21,7 +21,7 @@ from ._client import Client, Device, Memory
 from ._compile_options import CompileOptions
 from ._executable import Executable
 from ._kv import KeyValueStore
-from ._library import Library, load_library, loaded_libraries
+from ._library import Library, load_library, loaded_libraries, new_args
 from ._plugin_client import create_client_for_plugin
 
 #: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
@@ -46,4 +46,5 @@ __all__ = [
     "create_client_for_plugin",
     "load_library",
     "loaded_libraries",
+    "new_args",
 ]

@@ -169,6 +169,14 @@ class Buffer:
         self._host = host
         self._client._live_buffers[id(self)] = (self._ptr, event)
 
+    def c_pointer(self) -> Any:
+        """The live ``PJRT_Buffer*`` (a cffi pointer), for raw C API calls through ``client.library.call``.
+
+        Raises ``ValueError`` once the buffer is deleted and :class:`ClientClosedError` once
+        its client is closed; do not keep the pointer past either.
+        """
+        return self._handle()
+
     def _handle(self) -> Any:
         ptr = self._ptr
         if ptr is None:
@@ -377,9 +385,16 @@ class Buffer:
         out[...] = physical.transpose(np.argsort(order))
         return out
 
-    def to_torch(self) -> Any:
-        """A new CPU torch tensor with the buffer's contents (imports torch)."""
-        return numpy_to_torch(self.to_numpy())
+    def to_torch(self, out: Any = None) -> Any:
+        """A new CPU torch tensor with the buffer's contents (imports torch).
+
+        ``out``: write into this contiguous CPU tensor of the buffer's shape and dtype
+        instead (e.g. a region of a larger tensor; saves a copy) and return it.
+        """
+        if out is None:
+            return numpy_to_torch(self.to_numpy())
+        self.to_numpy(out=torch_to_numpy(out))
+        return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.to_numpy()

@@ -297,6 +297,14 @@ class Client:
                     self._kv.release()
                 _live_clients.discard(self)
 
+    def c_pointer(self) -> Any:
+        """The live ``PJRT_Client*`` (a cffi pointer), for raw C API calls through ``self.library.call``.
+
+        Build the args with :func:`pjrt_plugins.runtime.new_args`. The pointer is valid only
+        while the client is open; raises :class:`ClientClosedError` once it is closed.
+        """
+        return self._check_open()
+
     def _check_open(self) -> Any:
         if self._closed:
             raise ClientClosedError(f"this client on {self.plugin_name!r} has been closed")

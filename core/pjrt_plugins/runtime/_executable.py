@@ -215,13 +215,8 @@ class Executable:
         if params is _UNKNOWN:
             params = None
             try:
-                fmt, code = self.optimized_program()
-                if fmt == "hlo_with_config":
-                    modules = length_delimited_fields(code, 1)
-                    fmt, code = ("hlo", modules[0]) if modules else (fmt, code)
-                if fmt == "hlo":
-                    params = _parameters_from_hlo_module(code)
-            except (PjrtError, UnsupportedFunctionError, ValueError, IndexError) as exc:
+                params = _parameters_from_hlo_module(self.optimized_hlo_module())
+            except (PjrtError, UnsupportedFunctionError, NotImplementedError, ValueError, IndexError) as exc:
                 logger.debug("parameter shapes of %r are unknown: %s", self, exc)
             self._facts["parameters"] = params
         return None if params is None else list(params)
@@ -287,16 +282,25 @@ class Executable:
         fmt = ffi.unpack(program.format, program.format_size).decode() if program.format != ffi.NULL else ""
         return fmt, ffi.unpack(code, program.code_size)
 
-    def optimized_hlo_text(self) -> str:
-        """The optimized HLO as text (needs jaxlib to print the HloModuleProto)."""
+    def optimized_hlo_module(self) -> bytes:
+        """The optimized program as a serialized ``xla.HloModuleProto`` (e.g. for jaxlib's ``HloModule``).
+
+        Unwraps the ``hlo_with_config`` form plugins return; raises NotImplementedError
+        when the plugin returns its optimized program in another format.
+        """
         fmt, code = self.optimized_program()
         if fmt == "hlo_with_config":  # HloModuleProtoWithConfig: field 1 is the HloModuleProto
             modules = length_delimited_fields(code, 1)
             if not modules:
                 raise ValueError("the plugin's hlo_with_config program has no HLO module")
-            fmt, code = "hlo", modules[0]
+            return modules[0]
         if fmt != "hlo":
             raise NotImplementedError(f"the plugin returned its optimized program as {fmt!r}, not 'hlo'")
+        return code
+
+    def optimized_hlo_text(self) -> str:
+        """The optimized HLO as text (needs jaxlib to print the HloModuleProto)."""
+        code = self.optimized_hlo_module()
         try:
             from jaxlib import xla_client
         except ImportError:

@@ -42,7 +42,11 @@ _STRUCT_SIZE_HINT = re.compile(r"Unexpected \S+ size: expected \d+, got \d+")
 
 
 def new_args(struct: str) -> Any:
-    """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE)."""
+    """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE).
+
+    For raw calls: ``args = new_args("PJRT_Buffer_Dimensions_Args")``, fill it (e.g.
+    ``args.buffer = buffer.c_pointer()``), then ``library.call("PJRT_Buffer_Dimensions", args)``.
+    """
     ctype = _ctypes.get(struct)
     if ctype is None:
         ctype = _ctypes[struct] = ffi.typeof(struct + "*")
@@ -114,6 +118,8 @@ class Library:
         self._handle = handle  # kept forever: the library is never closed
         self._api = api
         self.api_struct_size = int(api.struct_size)
+        #: ``PJRT_Api.pjrt_api_version.struct_size`` as the plugin reports it.
+        self.api_version_struct_size = int(api.pjrt_api_version.struct_size)
         self.api_version: tuple[int, int] = (
             int(api.pjrt_api_version.major_version),
             int(api.pjrt_api_version.minor_version),

@@ -6,15 +6,13 @@ answered from environment variables and installed-package metadata.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
-from pjrt_plugins._defaults import env_int
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_int, find_library, hookimpl, installed_library
 
 logger = logging.getLogger(__name__)
 
@@ -25,20 +23,11 @@ NUM_DEVICES_ENV = "CPU_NUM_DEVICES"
 #: The distribution that ships the library, and where the library sits inside it.
 LIBRARY_DISTRIBUTION = "xla-cpu-pjrt"
 LIBRARY_IN_DISTRIBUTION = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
+LIBRARY_DISTRIBUTIONS = ((LIBRARY_DISTRIBUTION, LIBRARY_IN_DISTRIBUTION),)
 #: Devices per client when ``CPU_NUM_DEVICES`` is unset (PyTorch/XLA and JAX also default to 1).
 DEFAULT_NUM_DEVICES = 1
 #: More devices than this make client creation take minutes (see check_device_count).
 MAX_NUM_DEVICES = 1024
-
-
-def installed_library() -> Path | None:
-    """The library file inside the installed ``xla-cpu-pjrt``, or ``None`` if it is not installed."""
-    try:
-        dist = importlib.metadata.distribution(LIBRARY_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    path = Path(str(dist.locate_file(LIBRARY_IN_DISTRIBUTION))).absolute()
-    return path if path.is_file() else None
 
 
 def library_problem() -> str | None:
@@ -52,7 +41,7 @@ def library_problem() -> str | None:
                 f"point it at a PJRT CPU plugin library or unset it to use the one from {LIBRARY_DISTRIBUTION}"
             )
         return None
-    if installed_library() is None:
+    if installed_library(LIBRARY_DISTRIBUTIONS) is None:
         return (
             f"the PJRT CPU library was not found: the {LIBRARY_DISTRIBUTION} package is not installed "
             f"(or lacks {LIBRARY_IN_DISTRIBUTION}); run `pip install {LIBRARY_DISTRIBUTION}` "
@@ -88,11 +77,7 @@ class CpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str | None:
-        override = os.environ.get(LIBRARY_PATH_ENV)
-        if override:
-            return str(Path(override).expanduser().absolute())
-        path = installed_library()
-        return str(path) if path is not None else None
+        return find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS)
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any]:

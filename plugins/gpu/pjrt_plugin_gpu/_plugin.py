@@ -6,14 +6,12 @@ opens the library: the path comes from installed-package metadata.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
-from pjrt_plugins._defaults import env_int
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_int, find_library, hookimpl, installed_library
 
 from ._devices import installed_gpu_count, visible_gpu_count
 
@@ -92,20 +90,6 @@ def env_fraction(name: str) -> float | None:
     return value
 
 
-def installed_library(distributions: tuple[tuple[str, str], ...] = LIBRARY_DISTRIBUTIONS) -> Path | None:
-    """The CUDA PJRT library from the first installed jax-cuda PJRT distribution, or ``None``."""
-    for distribution, relative in distributions:
-        try:
-            dist = importlib.metadata.distribution(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        path = Path(str(dist.locate_file(relative))).absolute()
-        if path.is_file():
-            return path
-        logger.warning("%s is installed but %s is missing from it", distribution, relative)
-    return None
-
-
 def library_problem() -> str | None:
     """Why no usable CUDA PJRT library can be found, with the fix, or ``None``. Cheap."""
     override = os.environ.get(LIBRARY_PATH_ENV)
@@ -116,7 +100,7 @@ def library_problem() -> str | None:
                 "PJRT plugin library (xla_cuda_plugin.so) or unset it to use the installed jax-cuda wheel"
             )
         return None
-    if installed_library() is None:
+    if installed_library(LIBRARY_DISTRIBUTIONS) is None:
         return (
             "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
             f"run `pip install jax-cuda13-pjrt` (or `pip install 'pjrt-plugin-gpu[cuda12]'`) or set {LIBRARY_PATH_ENV}"
@@ -152,11 +136,7 @@ class GpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str | None:
-        override = os.environ.get(LIBRARY_PATH_ENV)
-        if override:
-            return str(Path(override).expanduser().absolute())
-        path = installed_library()
-        return str(path) if path is not None else None
+        return find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS)
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 import pjrt_plugins
-from pjrt_plugins import PluginUnavailableError, hookimpl
+from pjrt_plugins import PluginUnavailableError, env_int, hookimpl
 
 from . import _library, _topology
 
@@ -68,7 +68,7 @@ class StubNeuronPlugin(pjrt_plugins.DevicePlugin):
 
     @hookimpl
     def pjrt_requires_coordinator(self) -> bool:
-        world_size = _topology.env_int("WORLD_SIZE", default=1)
+        world_size = env_int("WORLD_SIZE", default=1)
         return max(world_size, self.local_world_size()) > 1
 
     @hookimpl

@@ -10,6 +10,8 @@ import logging
 import os
 from collections.abc import Sequence
 
+from pjrt_plugins import env_int
+
 logger = logging.getLogger(__name__)
 
 #: How many NeuronCores this host has (PyTorch/XLA's name). The stub defaults to 4.
@@ -28,17 +30,6 @@ DEFAULT_NUM_CORES = 4
 # The NEURON_RT_VISIBLE_CORES value found before we first narrowed it, and the value we set, so that
 # configuring twice in one process starts again from the user's list instead of our own narrowing.
 _narrowing: dict[str, str | None] = {}
-
-
-def env_int(name: str, *, default: int) -> int:
-    """Integer environment variable ``name``, or ``default`` when unset; ValueError names it if malformed."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
 
 
 def core_count() -> int:

@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
-from pjrt_plugins._defaults import env_int
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_int, find_library, hookimpl, installed_library
 
 from . import _host, _metadata
 from ._topology import DEFAULT_BASE_PORT, TpuSlice, bounds_size, multiprocess_environment
@@ -48,19 +47,6 @@ NO_TPU_MESSAGE = (
 )
 
 
-def installed_library(distributions: tuple[tuple[str, str], ...] = LIBRARY_DISTRIBUTIONS) -> Path | None:
-    """``libtpu.so`` from the installed ``libtpu`` distribution (read from metadata, not imported)."""
-    for distribution, relative in distributions:
-        try:
-            dist = importlib.metadata.distribution(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        path = Path(str(dist.locate_file(relative))).absolute()
-        if path.is_file():
-            return path
-    return None
-
-
 def library_problem() -> str | None:
     """Why libtpu cannot be found, with the fix, or ``None``. Cheap."""
     override = os.environ.get(LIBRARY_PATH_ENV)
@@ -68,7 +54,7 @@ def library_problem() -> str | None:
         if not Path(override).expanduser().is_file():
             return f"{LIBRARY_PATH_ENV}={override!r} does not name an existing file; point it at libtpu.so or unset it"
         return None
-    if installed_library() is None:
+    if installed_library(LIBRARY_DISTRIBUTIONS) is None:
         return f"libtpu was not found: run `pip install libtpu` or set {LIBRARY_PATH_ENV} to libtpu.so"
     return None
 
@@ -140,11 +126,7 @@ class TpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str | None:
-        override = os.environ.get(LIBRARY_PATH_ENV)
-        if override:
-            return str(Path(override).expanduser().absolute())
-        path = installed_library()
-        return str(path) if path is not None else None
+        return find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS)
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any]:

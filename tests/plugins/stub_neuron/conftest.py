@@ -1,4 +1,4 @@
-"""Fixtures for the stub_neuron tests: a Neuron-free environment, the installed library, the header, gcc.
+"""Fixtures for the stub_neuron tests: a Neuron-free environment, the installed library, the header (gcc: tests/conftest.py).
 
 The stub must be installed (``pip install --no-build-isolation plugins/stub_neuron``);
 the tests exercise the library that installation compiled.
@@ -7,11 +7,10 @@ the tests exercise the library that installation compiled.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
-import shutil
 from pathlib import Path
 
 import pytest
+from _support import package_file
 from stub_neuron_testkit import NEURON_ENV_VARS
 
 import pjrt_plugin_stub_neuron
@@ -55,19 +54,7 @@ def live_objects(stub_library: Path):
 @pytest.fixture(scope="session")
 def pjrt_header() -> Path:
     """The official pjrt_c_api.h shipped in the installed xla-cpu-pjrt wheel."""
-    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
-    assert spec is not None, "xla-cpu-pjrt is not installed (it is the stub's build requirement)"
-    for folder in spec.submodule_search_locations or []:
-        header = Path(folder) / "include" / "pjrt_c_api.h"
-        if header.is_file():
-            return header
-    pytest.fail("xla-cpu-pjrt is installed without include/pjrt_c_api.h")
-
-
-@pytest.fixture(scope="session")
-def gcc() -> str:
-    compiler = shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("gcc is not installed here (the stub's build and these C tests need it)")
-    return compiler
-
+    header = package_file("xla_plugins.xla_cpu_pjrt", "include/pjrt_c_api.h")
+    if header is None:
+        pytest.fail("xla-cpu-pjrt (the stub's build requirement) is not installed, or lacks include/pjrt_c_api.h")
+    return header

@@ -7,10 +7,10 @@ Several clients in one process stand for the processes of a job: each is created
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
+from _support import run_on_threads
 from stub_neuron_testkit import InMemoryKvStore
 
 from pjrt_plugins import PjrtError
@@ -19,7 +19,6 @@ from pjrt_plugins.runtime import Client
 
 def _create_nodes(stub, store, devices_per_node: list[int], timeout_ms: int = 20000) -> list[Client]:
     clients: list[Client | None] = [None] * len(devices_per_node)
-    errors: list[BaseException] = []
 
     def create(node: int) -> None:
         options = {
@@ -28,17 +27,9 @@ def _create_nodes(stub, store, devices_per_node: list[int], timeout_ms: int = 20
             "num_nodes": len(devices_per_node),
             "kv_timeout_ms": timeout_ms,
         }
-        try:
-            clients[node] = stub.create_client(options, configure=False, kv_store=store)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        clients[node] = stub.create_client(options, configure=False, kv_store=store)
 
-    threads = [threading.Thread(target=create, args=(n,)) for n in range(len(devices_per_node))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    run_on_threads(create, [(n,) for n in range(len(devices_per_node))])
     return clients  # type: ignore[return-value]
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-import threading
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from _support import run_on_threads
 
 from pjrt_plugins import PjrtError, UnsupportedFunctionError
 from pjrt_plugins.runtime import load_library
@@ -203,22 +203,12 @@ def test_vendor_library_from_neuron_library_path_is_the_one_loaded(stub, stub_li
 
 
 def test_concurrent_uploads_from_threads(client):
-    errors: list[BaseException] = []
-
     def work(seed: int) -> None:
-        try:
-            for i in range(50):
-                host = np.full((8, 8), seed * 1000 + i, np.int64)
-                np.testing.assert_array_equal(client.buffer_from_host(host, device=seed % 4).to_numpy(), host)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for i in range(50):
+            host = np.full((8, 8), seed * 1000 + i, np.int64)
+            np.testing.assert_array_equal(client.buffer_from_host(host, device=seed % 4).to_numpy(), host)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors
+    run_on_threads(work, [(s,) for s in range(6)])
 
 
 def test_closing_the_client_frees_every_plugin_object(stub, live_objects):

@@ -1,0 +1,54 @@
+"""Where a backend's PJRT library file is: an environment override, else a file inside an installed distribution.
+
+Reads only environment variables and installed-package metadata: never imports the
+distribution that ships the library, and never opens the library.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def installed_library(distributions: Iterable[tuple[str, str]]) -> Path | None:
+    """The library file from the first installed distribution that has it, or ``None``.
+
+    ``distributions`` are ``(distribution name, file path inside it)`` pairs, tried in
+    order, e.g. ``[("xla-cpu-pjrt", "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")]``.
+    A distribution that is installed without that file is logged and skipped.
+    """
+    for distribution, relative in distributions:
+        try:
+            dist = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        path = Path(str(dist.locate_file(relative))).absolute()
+        if path.is_file():
+            return path
+        logger.warning("%s is installed but %s is missing from it", distribution, relative)
+    return None
+
+
+def find_library(env_var: str, distributions: Iterable[tuple[str, str]]) -> str | None:
+    """The PJRT library a backend's ``pjrt_library_path`` hook should return.
+
+    If the environment variable ``env_var`` is set (non-empty), its value, with ``~``
+    expanded and made absolute, whether or not the file exists (the backend's
+    availability check reports a missing one). Otherwise the file found by
+    :func:`installed_library` in ``distributions``, or ``None`` when none has it::
+
+        @hookimpl
+        def pjrt_library_path(self):
+            return pjrt_plugins.find_library("PJRT_CPU_LIBRARY_PATH",
+                                             [("xla-cpu-pjrt", "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")])
+    """
+    override = os.environ.get(env_var)
+    if override:
+        return str(Path(override).expanduser().absolute())
+    path = installed_library(distributions)
+    return str(path) if path is not None else None
