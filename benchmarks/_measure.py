@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: the CPU plugin's library, interleaved timing rounds, fixed-width tables.
+"""What the benchmark scripts share: the CPU plugin's library, interleaved timing rounds, fixed-width
+tables, and a jax worker process.
 
 Imported by the scripts next to it (``python benchmarks/<name>.py`` puts this folder on
 ``sys.path``). Measures and formats only: never asserts a timing.
@@ -7,10 +8,14 @@ Imported by the scripts next to it (``python benchmarks/<name>.py`` puts this fo
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def cpu_plugin_library() -> str:
@@ -63,3 +68,64 @@ class Table:
         if len(values) != len(rest):
             raise ValueError(f"{len(values)} values for {len(rest)} number columns")
         return self.sep.join([f"{name:<{width}}", *(f"{v:>{w}{fmt}}" for v, (_, w, fmt) in zip(values, rest))])
+
+
+class JaxWorker:
+    """The calling benchmark script re-run with ``--jax-worker`` as a jax process on ``devices`` host devices.
+
+    Two XLA runtimes do not share a process, so jax runs in its own (``JAX_PLATFORMS=cpu``,
+    ``--xla_force_host_platform_device_count``); it speaks one JSON line per command (see
+    :func:`serve_jax_commands`). ``info`` is its first line, sent once it is ready::
+
+        with JaxWorker(__file__, ["--size-mib", "256"], devices=8) as worker:
+            worker.info["version"]; result = worker.request("run", "cols")
+    """
+
+    def __init__(self, script: str, arguments: Sequence[str], devices: int) -> None:
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+        env["JAX_PLATFORMS"] = "cpu"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--jax-worker", *arguments],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )
+        self.info = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the jax worker exited (is jax installed?); run the script with --jax-worker to see why")
+        return json.loads(line)
+
+    def request(self, *words: object) -> dict[str, Any]:
+        """Send one command line and return the worker's JSON answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(" ".join(map(str, words)) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+    def __enter__(self) -> JaxWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_jax_commands(ready: dict[str, Any], handle: Callable[[list[str]], dict[str, Any]]) -> int:
+    """The worker's side of :class:`JaxWorker`: print ``ready``, then answer each command line on stdin
+    with ``handle(words)`` as one JSON line, until ``quit`` or the end of input."""
+    print(json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        print(json.dumps(handle(words)), flush=True)
+    return 0

@@ -13,12 +13,11 @@ Run: python benchmarks/spmd_mlp.py [--batch 256] [--hidden 4096] [--width 1024] 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from _measure import JaxWorker, serve_jax_commands
 
 GOAL = 1.3
 LR = 0.01
@@ -71,55 +70,20 @@ def jax_worker(batch: int, width: int, hidden: int) -> int:
                     out_shardings=(param_shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
     params, loss = train(params, x, y)
     loss.block_until_ready()
-    print(json.dumps({"ready": len(jax.devices()), "version": jax.__version__}), flush=True)
-    for line in sys.stdin:
-        command = line.split()
-        if not command or command[0] == "quit":
-            break
-        steps = int(command[1])
+
+    def run(command: list[str]) -> dict:
+        nonlocal params, loss
         times, dispatch = [], []
-        for _ in range(steps):
+        for _ in range(int(command[1])):
             t0 = time.perf_counter()
             params, loss = train(params, x, y)
             t1 = time.perf_counter()
             loss.block_until_ready()
             times.append(time.perf_counter() - t0)
             dispatch.append(t1 - t0)
-        print(json.dumps({"times": times, "dispatch": dispatch, "loss": float(loss),
-                          "compiles": train._cache_size()}), flush=True)
-    return 0
+        return {"times": times, "dispatch": dispatch, "loss": float(loss), "compiles": train._cache_size()}
 
-
-class JaxWorker:
-    def __init__(self, batch: int, width: int, hidden: int) -> None:
-        env = dict(os.environ)
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-        env["JAX_PLATFORMS"] = "cpu"
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        cmd = [sys.executable, __file__, "--jax-worker", "--batch", str(batch), "--width", str(width),
-               "--hidden", str(hidden)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env)
-        self.info = self._read()
-
-    def _read(self) -> dict:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the jax worker died; run it by hand with --jax-worker to see why")
-        return json.loads(line)
-
-    def run(self, steps: int) -> dict:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {steps}\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    return serve_jax_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
 
 
 # -- ours ------------------------------------------------------------------------------------------
@@ -191,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"MLP {args.width}-{args.hidden}-{args.width}, batch {args.batch}, mesh (2, 4) data x model, 8 CPU devices",
           flush=True)
     t0 = time.perf_counter()
-    worker = JaxWorker(args.batch, args.width, args.hidden)
+    worker = JaxWorker(__file__, ["--batch", str(args.batch), "--width", str(args.width), "--hidden", str(args.hidden)],
+                       devices=8)
     print(f"jax {worker.info['version']} ready ({worker.info['ready']} devices) in {time.perf_counter() - t0:.1f} s",
           flush=True)
     t0 = time.perf_counter()
@@ -201,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     jax_times, jax_dispatch = [], []
     try:
         for r in range(args.rounds):
-            j = worker.run(args.steps)
+            j = worker.request("run", args.steps)
             o = ours.run(args.steps)
             jax_times += j["times"]
             jax_dispatch += j["dispatch"]

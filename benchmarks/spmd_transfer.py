@@ -11,12 +11,11 @@ Run: python benchmarks/spmd_transfer.py [--size-mib 256] [--repeats 7] [--device
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from _measure import JaxWorker, serve_jax_commands
 
 GOAL = 1.2
 #: Partition specs measured: (label, ours, jax's PartitionSpec entries).
@@ -45,11 +44,8 @@ def jax_worker(size_mib: int, devices: int) -> int:
 
     host, _, _ = make_host_array(size_mib, devices)
     mesh = Mesh(np.array(jax.devices()[:devices]), ("x",))
-    print(json.dumps({"ready": len(jax.devices()), "version": jax.__version__}), flush=True)
-    for line in sys.stdin:
-        command = line.split()
-        if not command or command[0] == "quit":
-            break
+
+    def run(command: list[str]) -> dict:
         sharding = NamedSharding(mesh, PartitionSpec(*SPECS[command[1]][1]))
         t0 = time.perf_counter()
         array = jax.device_put(host, sharding)
@@ -60,39 +56,9 @@ def jax_worker(size_mib: int, devices: int) -> int:
         shard_bytes = sorted({s.data.nbytes for s in array.addressable_shards})
         ok = bool(np.array_equal(back, host))
         del array, back
-        print(json.dumps({"upload": t1 - t0, "gather": t2 - t1, "ok": ok, "shard_bytes": shard_bytes}), flush=True)
-    return 0
+        return {"upload": t1 - t0, "gather": t2 - t1, "ok": ok, "shard_bytes": shard_bytes}
 
-
-class JaxWorker:
-    def __init__(self, size_mib: int, devices: int) -> None:
-        env = dict(os.environ)
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
-        env["JAX_PLATFORMS"] = "cpu"
-        cmd = [sys.executable, __file__, "--jax-worker", "--size-mib", str(size_mib), "--devices", str(devices)]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-        )
-        self.info = self._read()
-
-    def _read(self) -> dict:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the jax worker exited (is jax installed? run with --jax-worker to see its error)")
-        return json.loads(line)
-
-    def run(self, spec: str) -> dict:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {spec}\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    return serve_jax_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
 
 
 # -- ours ---------------------------------------------------------------------------------------------
@@ -146,7 +112,7 @@ def main() -> int:
     mesh = xs.Mesh(range(args.devices), (args.devices,), ("x",))
     print(f"tensor: {rows}x{cols} float32 = {host.nbytes / 2**20:.0f} MiB; ours: plugin {vd.plugin.name!r} "
           f"with {vd.num_devices} devices", flush=True)
-    worker = JaxWorker(args.size_mib, args.devices)
+    worker = JaxWorker(__file__, ["--size-mib", str(args.size_mib), "--devices", str(args.devices)], args.devices)
     print(f"jax {worker.info['version']}: {worker.info['ready']} host devices (worker process)", flush=True)
 
     failures = 0
@@ -160,10 +126,10 @@ def main() -> int:
             shard_bytes *= 4
             ours, theirs = [], []
             ours_round(xs, torch_host, mesh, spec)  # warm-up (first-touch of memory, client start)
-            worker.run(label)
+            worker.request("run", label)
             for _ in range(args.repeats):
                 ours.append(ours_round(xs, torch_host, mesh, spec))
-                theirs.append(worker.run(label))
+                theirs.append(worker.request("run", label))
             if not all(r["ok"] for r in ours + theirs):
                 print(f"[{label}] ERROR: a gather did not return the original tensor")
                 failures += 1

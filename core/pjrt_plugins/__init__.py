@@ -26,9 +26,11 @@ from ._discovery import autoload_enabled, discover_plugins
 from ._marker import hookimpl
 from .errors import (
     ApiVersionError,
+    BufferViewedError,
     ClientClosedError,
     CpuFallbackWarning,
     DistributedSetupError,
+    HostViewUnavailableError,
     LibraryLoadError,
     LoweringError,
     PjrtError,
@@ -48,10 +50,12 @@ from .errors import (
 
 __all__ = [
     "ApiVersionError",
+    "BufferViewedError",
     "ClientClosedError",
     "CpuFallbackWarning",
     "DevicePlugin",
     "DistributedSetupError",
+    "HostViewUnavailableError",
     "LibraryLoadError",
     "LoweringError",
     "OptionType",

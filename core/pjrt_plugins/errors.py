@@ -136,3 +136,13 @@ class DistributedSetupError(PjrtPluginsError, RuntimeError):
     Raised by :mod:`pjrt_plugins.distributed` before any client is created; the message
     names the missing or unreachable setting (``MASTER_ADDR``, ``MASTER_PORT``, ...).
     """
+
+
+class HostViewUnavailableError(PjrtPluginsError, NotImplementedError):
+    """``Buffer.host_view()`` on a buffer the host cannot read in place (device memory, a tiled layout,
+    or a plugin without the external-reference functions); use ``to_numpy()`` instead."""
+
+
+class BufferViewedError(PjrtPluginsError, BufferError):
+    """A buffer, or the client owning it, was to be freed while host views of it (``Buffer.host_view()``)
+    are alive; drop the views (every numpy array made from them) first."""

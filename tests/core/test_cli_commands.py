@@ -143,7 +143,7 @@ def test_doctor_survives_a_plugin_that_hangs_and_one_that_aborts(site, run_insta
         modules={"abort_mod": plugin_source("Abort", library=library, body="@hookimpl\ndef pjrt_preflight(self):\n    import os; os.abort()\n")},
         plugins={"abort": "abort_mod:Abort"},
     )
-    result = run_installed([*CLI, "doctor", "hang", "abort", "--timeout", "4", "--json"], timeout=90)
+    result = run_installed([*CLI, "doctor", "hang", "abort", "--timeout", "10", "--json"], timeout=90)
     assert result.returncode == 1, result
     reports = {r["name"]: r for r in json.loads(result.stdout)["plugins"]}
     hang = {c["check"]: c for c in reports["hang"]["checks"]}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
+
 from pjrt_plugins.conform._programs import ADD_F32 as ADD_F32_4
 from pjrt_plugins.conform._programs import spmd_square_and_sum as _conform_spmd_square_and_sum
 
@@ -101,3 +103,21 @@ def to_portable_artifact(text: str, target_version: str) -> bytes:
     from jaxlib.mlir.dialects import stablehlo
 
     return stablehlo.serialize_portable_artifact_str(text, target_version)
+
+
+# A transpose whose output the compiler lays out column-major on the device.
+COLUMN_MAJOR_TRANSPOSE = """
+module @t {
+  func.func public @main(%a: tensor<2x3xf32>) -> (tensor<3x2xf32> {mhlo.layout_mode = "{0,1}"}) {
+    %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x2xf32>
+    return %0 : tensor<3x2xf32>
+  }
+}
+"""
+
+
+def aligned(n: int, dtype=np.float32, alignment: int = 64) -> np.ndarray:
+    """An uninitialized 1-D array starting at an ``alignment``-byte boundary (the CPU plugin aliases those)."""
+    raw = np.empty(n * np.dtype(dtype).itemsize + alignment, np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    return raw[offset : offset + n * np.dtype(dtype).itemsize].view(dtype)

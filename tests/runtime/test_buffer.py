@@ -8,6 +8,7 @@ import weakref
 import ml_dtypes
 import numpy as np
 import pytest
+from runtime_support import COLUMN_MAJOR_TRANSPOSE, aligned
 
 from pjrt_plugins.runtime import Buffer
 
@@ -191,12 +192,6 @@ def test_copy_to_device(client8):
     np.testing.assert_array_equal(dst.to_numpy(), data)
 
 
-def aligned(n: int, dtype=np.float32, alignment: int = 64) -> np.ndarray:
-    raw = np.empty(n * np.dtype(dtype).itemsize + alignment, np.uint8)
-    offset = (-raw.ctypes.data) % alignment
-    return raw[offset : offset + n * np.dtype(dtype).itemsize].view(dtype)
-
-
 def test_zero_copy_aliases_host_memory_and_default_copies(client8):
     # The CPU plugin aliases 64-byte-aligned host memory under kImmutableZeroCopy.
     data = aligned(256)
@@ -229,16 +224,6 @@ def test_buffers_are_instances_with_slots(client8):
         buf.anything = 1  # type: ignore[attr-defined]
 
 
-COLUMN_MAJOR_TRANSPOSE = """
-module @t {
-  func.func public @main(%a: tensor<2x3xf32>) -> (tensor<3x2xf32> {mhlo.layout_mode = "{0,1}"}) {
-    %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x2xf32>
-    return %0 : tensor<3x2xf32>
-  }
-}
-"""
-
-
 def test_small_host_buffers_are_read_in_place_and_others_transferred(client8):
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
     row_major = client8.buffer_from_host(data)
@@ -259,8 +244,12 @@ def test_to_numpy_into_a_given_array(client8):
     assert buf.to_numpy(out=target[1]) is not None
     np.testing.assert_array_equal(target[1], data)
     assert not target[0].any()
-    with pytest.raises(ValueError, match="writeable C-contiguous"):
+    with pytest.raises(ValueError, match="writeable array of shape"):
         buf.to_numpy(out=np.zeros((4, 3), np.int32))
+    with pytest.raises(ValueError, match="writeable array of shape"):
+        read_only = np.zeros((3, 4), np.int32)
+        read_only.flags.writeable = False
+        buf.to_numpy(out=read_only)
 
 
 
@@ -271,7 +260,7 @@ def test_to_torch_into_a_given_tensor(client8):
     target = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
     assert buf.to_torch(out=target[1]) is not None
     assert torch.equal(target[1], data) and not target[0].any()
-    with pytest.raises(ValueError, match="writeable C-contiguous"):
+    with pytest.raises(ValueError, match="writeable array of shape"):
         buf.to_torch(out=torch.zeros(4, 3, dtype=torch.bfloat16))
 
 def test_device_memory_buffers_use_the_transfer_paths(build_shim):

@@ -145,3 +145,37 @@ def test_adam_with_a_learning_rate_schedule_matches_torch_and_stops_compiling(en
     assert compiles == [1, 2, 2, 2, 2, 2]
     for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
         assert_close(name, p.cpu(), r, rtol=1e-5, atol=1e-6)
+
+
+def test_unchanged_run_time_scalars_are_not_uploaded_again(engine):
+    """A constant learning rate is a run-time scalar whose replicated buffers the next step reuses:
+    a steady step moves no bytes; a changed rate is uploaded once, and the results follow torch."""
+    ref = _mlp(4)
+    model = copy.deepcopy(ref).to("pjrt")
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    _shard_mlp(model, mesh)
+    [(x, y)] = _batches(1)
+    xp = xs.mark_sharding(x.to("pjrt"), mesh, ("data", None))
+    yp = xs.mark_sharding(y.to("pjrt"), mesh, ("data", None))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ref, model)]
+
+    def step() -> None:
+        for m, opt, (a, b) in zip((ref, model), opts, ((x, y), (xp, yp))):
+            F.mse_loss(m(a), b).backward()
+            opt.step()
+            opt.zero_grad()
+        xs.sync()
+
+    step()
+    step()
+    uploaded = []
+    for lr in (0.05, 0.05, 0.02, 0.02):
+        for opt in opts:
+            opt.param_groups[0]["lr"] = lr
+        xs.reset_transfer_counters()
+        step()
+        uploaded.append(xs.transfer_counters().uploaded)
+    assert uploaded[0] == uploaded[1] == uploaded[3] == {}  # nothing moved: same scalars, same buffers
+    assert set(uploaded[2]) == set(range(8)) and len(set(uploaded[2].values())) == 1  # the new rate, replicated
+    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        assert_close(name, p.cpu(), r, rtol=1e-5, atol=1e-6)

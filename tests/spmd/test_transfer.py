@@ -218,3 +218,25 @@ def test_counters_report_and_reset(cpu8):
     assert "uploaded" in report and "total" in report and "8 uploaded, 8 downloaded" in report
     xs.reset_transfer_counters()
     assert xs.transfer_counters() == xs.TransferCounters()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("spec", "columns"), [((0, None), 1280), ((None, 0), 1280), ((None, 0), 1283)],
+                         ids=["rows", "columns", "uneven-columns"])
+def test_large_gathers_copy_each_tile_into_place(any_device, dtype, spec, columns):
+    # Over the two-thread threshold. Column tiles are strided in the output: on the CPU plugin
+    # they are copied once, from each buffer's memory (Buffer.host_view); the stub's buffers are
+    # device memory and go through a staging tensor, as do padded tiles.
+    n = any_device.num_devices
+    t = torch.randn(8192 // dtype.itemsize, columns).to(dtype)
+    assert t.numel() * t.element_size() > _transfer._PARALLEL_GATHER_BYTES
+    p = t.to("pjrt")
+    xs.mark_sharding(p, xs.Mesh(range(n), (n,)), spec)
+    buffers = unwrap(p).buffers
+    on_host = any_device.plugin.name == "cpu"
+    assert all(b.host_readable() == on_host for b in buffers)
+    xs.reset_transfer_counters()
+    assert torch.equal(p.cpu(), t)
+    assert xs.transfer_counters().downloaded == {d: _padded_bytes(t, p.sharding) for d in range(n)}
+    for buffer in buffers:
+        buffer.delete()  # no host view outlived the gather (a pinned buffer refuses to be freed)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from ..errors import (
     ApiVersionError,
+    BufferViewedError,
     ClientClosedError,
+    HostViewUnavailableError,
     LibraryLoadError,
     PjrtError,
     PluginInitializeTimeoutError,
@@ -30,11 +32,13 @@ SUPPORTED_API_VERSIONS = ((0, MIN_SUPPORTED_MINOR), (0, HEADER_MINOR))
 __all__ = [
     "ApiVersionError",
     "Buffer",
+    "BufferViewedError",
     "Client",
     "ClientClosedError",
     "CompileOptions",
     "Device",
     "Executable",
+    "HostViewUnavailableError",
     "KeyValueStore",
     "Library",
     "LibraryLoadError",

@@ -1,17 +1,19 @@
 """Buffer: one array on one device, and the conversion of host values into transferable arrays.
 
 A Buffer keeps its client alive and is released exactly once (delete(), the context
-manager, garbage collection or client.close()). Host memory handed to the plugin stays
-referenced until the plugin's done-with-host-buffer event fires.
+manager, garbage collection or client.close()), never while a host view of it is alive.
+Host memory handed to the plugin stays referenced until the plugin's done-with-host-buffer
+event fires.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..errors import ClientClosedError, PjrtError
+from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableError, PjrtError
 from ._cdef import ffi
 from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
 from ._library import new_args, scratch_args
@@ -67,6 +69,76 @@ _DIRECT_FUNCTIONS = (
     "PJRT_Buffer_DecreaseExternalReferenceCount",
     "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
 )
+
+
+#: Taken to pin a buffer and to free one: a buffer is never freed while it is being pinned or read
+#: in place (reentrant: a finalizer may run on a thread that holds it).
+_pin_lock = threading.RLock()
+
+
+def _pin(lib: Any, ptr: Any) -> Any:
+    """Take an external reference on a buffer in host memory (the plugin keeps its bytes in place
+    until :func:`_unpin`); returns the address of the bytes. Call with ``_pin_lock`` held."""
+    hold = scratch_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
+    hold.buffer = ptr
+    lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)
+    try:
+        where = scratch_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
+        where.buffer = ptr
+        lib.call("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", where)
+        return where.device_memory_ptr
+    except BaseException:
+        _unpin(lib, ptr)
+        raise
+
+
+def _unpin(lib: Any, ptr: Any, finalizing: bool = False) -> None:
+    """Drop the external reference :func:`_pin` took (``finalizing``: from a finalizer, no scratch args)."""
+    struct = "PJRT_Buffer_DecreaseExternalReferenceCount_Args"
+    args = new_args(struct) if finalizing else scratch_args(struct)
+    args.buffer = ptr
+    lib.call("PJRT_Buffer_DecreaseExternalReferenceCount", args)
+
+
+class _HostPin:
+    """The pin behind a host view: an external reference (:func:`_pin`) held as long as this object.
+
+    Counted on the buffer and its client: neither is freed while a pin is held (``delete()``
+    and ``close()`` raise :class:`BufferViewedError`). Released with the last numpy array over
+    the view (the destructor of the view's memory), or by :meth:`release`.
+    """
+
+    __slots__ = ("_buffer", "address", "__weakref__")
+
+    def __init__(self, buffer: Buffer) -> None:
+        self._buffer: Buffer | None = None
+        with _pin_lock:
+            self.address = _pin(buffer._lib, buffer._handle())
+            buffer._pins += 1
+            buffer._client._pins += 1
+            self._buffer = buffer
+
+    def release(self, *, finalizing: bool = False) -> None:
+        """Drop the external reference (once); a buffer whose release waited for it is freed now."""
+        with _pin_lock:  # held across the C call: the buffer cannot be freed in between
+            buffer, self._buffer = self._buffer, None
+            if buffer is None:
+                return
+            try:
+                if buffer._ptr is not None and not buffer._client._closed:
+                    _unpin(buffer._lib, buffer._ptr, finalizing)
+            finally:
+                buffer._pins -= 1
+                buffer._client._pins -= 1
+                release_now = buffer._pins == 0 and buffer._release_pending
+        if release_now:
+            buffer._release()
+
+    def __del__(self) -> None:
+        try:
+            self.release(finalizing=True)
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
 
 
 class ReadPlan(NamedTuple):
@@ -140,7 +212,10 @@ def _row_major_layout(ndim: int) -> Any:
 class Buffer:
     """An array on a device. Use it as a context manager or call delete() to free it early."""
 
-    __slots__ = ("_client", "_lib", "_ptr", "_host", "_shape", "_dtype", "_plan", "_ready", "__weakref__")
+    __slots__ = (
+        "_client", "_lib", "_ptr", "_host", "_shape", "_dtype", "_plan", "_ready", "_pins", "_release_pending",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -159,6 +234,8 @@ class Buffer:
         self._dtype = dtype
         self._plan = plan  # how to_numpy reads it (None: not asked yet)
         self._ready = ready  # known to be computed (its ready event already awaited)
+        self._pins = 0  # live host pins (views, in-place reads): the buffer is not freed while any is held
+        self._release_pending = False  # garbage-collected while pinned: the last pin frees it
         # The client's registry owns the handle: whoever pops it (release or client.close) frees it.
         client._live_buffers[id(self)] = (ptr, None)
 
@@ -185,15 +262,34 @@ class Buffer:
             raise ClientClosedError("this buffer's client has been closed")
         return ptr
 
-    def _release(self) -> None:
-        entry = self._client._live_buffers.pop(id(self), None)  # atomic: one caller wins
-        self._ptr = None
-        host, self._host = self._host, None
+    def _release(self, *, implicit: bool = False) -> None:
+        """Free the handle (once). ``implicit`` (garbage collection): with host views alive, wait for them."""
+        if implicit and not self._pins:
+            # Unreferenced, so no other thread can be pinning it: skip the lock (the common case).
+            entry = self._client._live_buffers.pop(id(self), None)  # atomic: one caller wins
+            self._ptr = None
+            host, self._host = self._host, None
+        else:
+            with _pin_lock:  # no pin can be taken between the check and the handle leaving the registry
+                if self._pins:
+                    if implicit:
+                        self._release_pending = True
+                        return
+                    raise BufferViewedError(
+                        f"cannot delete this buffer: {self._pins} host view(s) of it are alive; "
+                        "drop them (and every array made from them) first"
+                    )
+                entry = self._client._live_buffers.pop(id(self), None)
+                self._ptr = None
+                host, self._host = self._host, None
         if entry is not None:
             self._client._destroy_buffer(entry, host)
 
     def delete(self) -> None:
-        """Free the device memory now. Later use of this buffer raises ValueError."""
+        """Free the device memory now. Later use of this buffer raises ValueError.
+
+        Raises :class:`BufferViewedError` (and frees nothing) while a :meth:`host_view` of it is alive.
+        """
         self._release()
 
     @property
@@ -215,7 +311,7 @@ class Buffer:
     def __del__(self) -> None:
         try:
             if self._ptr is not None:
-                self._release()
+                self._release(implicit=True)
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
@@ -311,29 +407,38 @@ class Buffer:
         return self._plan
 
     def host_readable(self) -> bool:
-        """Whether the plugin keeps this buffer in host memory where we can copy it directly."""
+        """Whether the plugin keeps this buffer in host memory where we can read it in place
+        (copy it directly, or look at it through :meth:`host_view`)."""
         return self.read_plan().mode == "direct"
 
     def to_numpy(self, out: np.ndarray | None = None) -> np.ndarray:
         """A new numpy array with the buffer's contents (waits for them).
 
-        ``out``: write into this C-contiguous, writeable array of the buffer's shape
-        and dtype instead (e.g. a view into a larger array; saves a copy) and return it.
+        ``out``: write into this writeable array of the buffer's shape and dtype instead
+        (e.g. a region of a larger array; saves a copy) and return it. A strided ``out``
+        (say a column block) costs one copy too where the host reads the buffer in place
+        (:meth:`host_view`); elsewhere the bytes come through a temporary array.
         """
         ptr = self._handle()
         if out is None:
             out = np.empty(self.shape, self.dtype)
+            contiguous = True
         elif (
             not isinstance(out, np.ndarray)
             or out.shape != self.shape
             or out.dtype != self.dtype
-            or not out.flags.c_contiguous
             or not out.flags.writeable
         ):
-            raise ValueError(
-                f"out must be a writeable C-contiguous array of shape {self.shape} and dtype {self.dtype}"
-            )
+            raise ValueError(f"out must be a writeable array of shape {self.shape} and dtype {self.dtype}")
+        else:
+            contiguous = out.flags.c_contiguous
         plan = self._plan or self.read_plan()
+        if plan.mode == "direct" and (plan.order is not None or not contiguous):
+            np.copyto(out, self.host_view())  # one copy from the buffer's memory (numpy drops the GIL)
+            return out
+        if not contiguous:
+            np.copyto(out, self.to_numpy())
+            return out
         if plan.order is not None:  # a permuted device layout: copy the raw bytes, permute here
             return self._read_permuted(ptr, out, plan)
         if plan.mode == "direct" and out.nbytes <= DIRECT_READ_MAX_BYTES:
@@ -348,48 +453,81 @@ class Buffer:
         return out
 
     def _read_direct(self, ptr: Any, out: np.ndarray) -> np.ndarray:
-        """Copy the bytes of a buffer in host memory, pinned while we copy."""
+        """Copy the bytes of a (small) buffer in host memory, pinned while we copy.
+
+        The lock is held for the copy, so a concurrent ``delete()`` or ``close()`` waits for it.
+        """
+        if not self._ready:
+            self.block_until_ready()
         lib = self._lib
-        if not self._ready:  # wait for the data; raises the computation's error
-            lib.await_event(self._ready_event(), "PJRT_Buffer_ReadyEvent")
-            self._ready = True
-        hold = scratch_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
-        hold.buffer = ptr
-        lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)  # pins the memory while we copy
-        try:
-            where = scratch_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
-            where.buffer = ptr
-            lib.call("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", where)
-            if out.nbytes:
-                ffi.memmove(out, where.device_memory_ptr, out.nbytes)
-        finally:
-            release = scratch_args("PJRT_Buffer_DecreaseExternalReferenceCount_Args")
-            release.buffer = ptr
-            lib.call("PJRT_Buffer_DecreaseExternalReferenceCount", release)
+        with _pin_lock:
+            if self._ptr is not ptr or self._client._closed:  # freed meanwhile: raise as usual
+                ptr = self._handle()
+            address = _pin(lib, ptr)
+            try:
+                if out.nbytes:
+                    ffi.memmove(out, address, out.nbytes)
+            finally:
+                _unpin(lib, ptr)
         return out
 
+    def host_view(self) -> np.ndarray:
+        """A read-only numpy array over the buffer's own memory, without a copy (waits for the data).
+
+        Only for buffers the host can read in place (:meth:`host_readable`: the CPU plugin);
+        others raise :class:`~pjrt_plugins.errors.HostViewUnavailableError` (use :meth:`to_numpy`).
+        A device layout that permutes the axes gives a strided (transposed) view.
+
+        The view pins the buffer: while it, or any array made from it, is alive, the plugin
+        keeps the bytes in place, garbage collection keeps the buffer, and :meth:`delete` or
+        ``client.close()`` raise :class:`~pjrt_plugins.errors.BufferViewedError` instead of
+        freeing it; so a view never reads freed memory. Dropping the last array unpins it.
+        """
+        plan = self.read_plan()
+        if plan.mode != "direct":
+            raise HostViewUnavailableError(
+                f"{self._client.plugin_name!r} does not keep this buffer in host memory the host can read in place "
+                "(PJRT_Buffer_IsOnCpu, a dense layout and the external-reference functions are needed); "
+                "use to_numpy()"
+            )
+        self.block_until_ready()
+        shape, dtype = self.shape, self.dtype
+        order = plan.order
+        physical = tuple(shape[axis] for axis in order) if order is not None else shape
+        nbytes = int(np.prod(physical, dtype=np.int64)) * dtype.itemsize
+        if nbytes == 0:
+            view = np.empty(physical, dtype)
+            view.flags.writeable = False
+        else:
+            pin = _HostPin(self)
+            # The view's memory chain (array -> read-only memoryview -> cffi buffer -> this cdata)
+            # holds the pin; when the last array goes, the cdata's destructor releases it.
+            anchor = ffi.gc(ffi.cast("char *", pin.address), lambda _cdata: pin.release(finalizing=True))
+            memory = memoryview(ffi.buffer(anchor, nbytes)).toreadonly()
+            view = np.frombuffer(memory, dtype=dtype).reshape(physical)
+        if order is not None:
+            view = view.transpose(np.argsort(order))
+        return view
+
     def _read_permuted(self, ptr: Any, out: np.ndarray, plan: ReadPlan) -> np.ndarray:
-        """Read the device bytes (physical axis order ``plan.order``) and permute to row-major."""
+        """Copy the raw device bytes (physical axis order ``plan.order``) and permute them to row-major."""
         order = plan.order or ()
         physical = np.empty([out.shape[axis] for axis in order], out.dtype)
-        if plan.mode == "direct":
-            self._read_direct(ptr, physical)
-        else:
-            args = new_args("PJRT_Buffer_CopyRawToHost_Args")
-            args.buffer = ptr
-            args.dst = ffi.from_buffer(physical)
-            args.offset = 0
-            args.transfer_size = physical.nbytes
-            self._lib.call("PJRT_Buffer_CopyRawToHost", args)
-            self._lib.await_event(args.event, "PJRT_Buffer_CopyRawToHost")
+        args = new_args("PJRT_Buffer_CopyRawToHost_Args")
+        args.buffer = ptr
+        args.dst = ffi.from_buffer(physical)
+        args.offset = 0
+        args.transfer_size = physical.nbytes
+        self._lib.call("PJRT_Buffer_CopyRawToHost", args)
+        self._lib.await_event(args.event, "PJRT_Buffer_CopyRawToHost")
         out[...] = physical.transpose(np.argsort(order))
         return out
 
     def to_torch(self, out: Any = None) -> Any:
         """A new CPU torch tensor with the buffer's contents (imports torch).
 
-        ``out``: write into this contiguous CPU tensor of the buffer's shape and dtype
-        instead (e.g. a region of a larger tensor; saves a copy) and return it.
+        ``out``: write into this CPU tensor of the buffer's shape and dtype instead (e.g. a
+        region of a larger tensor, contiguous or strided; see :meth:`to_numpy`) and return it.
         """
         if out is None:
             return numpy_to_torch(self.to_numpy())

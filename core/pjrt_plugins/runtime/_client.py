@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ClientClosedError, PjrtError, PjrtPluginsError
+from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError
 from ..options import validate_options
-from ._buffer import Buffer, aligned_copy, host_array
+from ._buffer import Buffer, _pin_lock, aligned_copy, host_array
 from ._cdef import ffi
 from ._compile_options import CompileOptions
 from ._dtypes import pjrt_type_of
@@ -207,6 +207,7 @@ class Client:
     ) -> None:
         self._closed = True  # until PJRT_Client_Create succeeds
         self._ptr = ffi.NULL
+        self._pins = 0  # host views (Buffer.host_view) alive on this client's buffers: close() waits for none
         self._kv: KvCallbacks | None = None
         lib = library if isinstance(library, Library) else load_library(library)
         self._lib = lib
@@ -267,13 +268,21 @@ class Client:
         """Release every buffer and executable of this client, then destroy the client.
 
         Buffers and executables still referenced elsewhere become unusable (ValueError).
+        Raises :class:`BufferViewedError` (and closes nothing) while host views of its
+        buffers (``Buffer.host_view()``) are alive.
         """
         if self._closed:
             return
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            with _pin_lock:  # no view can be taken once the client is marked closed
+                if self._pins:
+                    raise BufferViewedError(
+                        f"cannot close the client on {self.plugin_name!r}: {self._pins} host view(s) of its "
+                        "buffers are alive; drop them (and every array made from them) first"
+                    )
+                self._closed = True
             while self._live_buffers:
                 try:
                     _, entry = self._live_buffers.popitem()
@@ -611,6 +620,8 @@ def _close_all_clients() -> None:
     for client in list(_live_clients):
         try:
             client.close()
+        except BufferViewedError as exc:  # its memory must outlive the views: leave it to the OS
+            logger.info("not closing a client at exit: %s", exc)
         except Exception:  # noqa: BLE001
             logger.debug("closing a client at exit failed", exc_info=True)
 

@@ -8,8 +8,10 @@ the results on the devices. Never moves bytes itself except through ``_transfer`
 
 from __future__ import annotations
 
+import collections
 import logging
 import operator
+import re
 import threading
 import warnings
 import weakref
@@ -145,10 +147,35 @@ def manual_seed(seed: int) -> None:
 # =====================================================================================
 
 
-def _tensor_module() -> Any:
-    from . import tensor
+_tensor_mod: Any = None
 
-    return tensor
+
+def _tensor_module() -> Any:
+    """``spmd.tensor`` (imported late: it imports this module); cached, the tracer asks on every op."""
+    global _tensor_mod
+    if _tensor_mod is None:
+        from . import tensor
+
+        _tensor_mod = tensor
+    return _tensor_mod
+
+
+def _map_args(fn: Any, value: Any) -> Any:
+    """``pytree.tree_map(fn, value)`` for operator arguments, without its per-call cost on the hot path.
+
+    Plain tuples, lists and dicts (all an ATen call passes) are walked here, in pytree's
+    order; any other container pytree knows (torch.Size, named tuples, ...) goes to pytree.
+    """
+    kind = type(value)
+    if kind is tuple:
+        return tuple([_map_args(fn, v) for v in value])
+    if kind is list:
+        return [_map_args(fn, v) for v in value]
+    if kind is dict:
+        return {k: _map_args(fn, v) for k, v in value.items()}
+    if isinstance(value, (tuple, list, dict, collections.deque)):
+        return pytree.tree_map(fn, value)
+    return fn(value)
 
 
 def _input_node(trace: _Trace, data: TensorData) -> fx.Node:
@@ -381,6 +408,18 @@ def _sig(value: Any) -> Any:
     return repr(value)
 
 
+#: op -> the name fx would derive for its nodes (``add.Tensor`` -> ``add_tensor``): computed once per op.
+_node_names: dict[Any, str] = {}
+_CAMEL_HUMP = re.compile(r"(?<=[a-z])([A-Z])")
+
+
+def _node_name(func: Any) -> str:
+    name = _node_names.get(func)
+    if name is None:
+        name = _node_names[func] = _CAMEL_HUMP.sub(r"_\1", func.__name__).lower()
+    return name
+
+
 def _new_node(trace: _Trace, node: fx.Node, entry: tuple) -> fx.Node:
     node.meta["idx"] = len(trace.signature)
     trace.signature.append(entry)
@@ -402,9 +441,9 @@ def _record(func: Any, args: tuple, kwargs: dict) -> Any:
             return ScalarSlot(v, len(trace.scalars) - 1)
         return v
 
-    node_args = tuple(pytree.tree_map(to_node, args))
-    node_kwargs = dict(pytree.tree_map(to_node, kwargs))
-    node = trace.graph.call_function(func, node_args, node_kwargs)
+    node_args = tuple(_map_args(to_node, args))
+    node_kwargs = dict(_map_args(to_node, kwargs))
+    node = trace.graph.call_function(func, node_args, node_kwargs, name=_node_name(func))
     name = op_name(func)
     _new_node(trace, node, (name, _sig(node_args), tuple(sorted((k, _sig(v)) for k, v in node_kwargs.items())),
                             _out_spec(meta_out)))
@@ -432,7 +471,7 @@ def _record(func: Any, args: tuple, kwargs: dict) -> Any:
         node.meta["val"] = tuple(meta_out)
         outs = []
         for i, m in enumerate(meta_out):
-            item = trace.graph.call_function(operator.getitem, (node, i))
+            item = trace.graph.call_function(operator.getitem, (node, i), name="getitem")
             _new_node(trace, item, ("getitem", node.meta["idx"], i))
             outs.append(wrap_output(m, item))
         return type(meta_out)(outs) if isinstance(meta_out, tuple) else outs
@@ -598,6 +637,25 @@ def _run(trace: _Trace) -> None:
         raise
 
 
+#: The last run-time scalar values, the virtual device generation and their replicated buffers.
+_last_scalars: tuple[tuple[float, ...], int, list[Any]] | None = None
+
+
+def _scalar_buffers(values: list[float], vd: Any) -> list[Any]:
+    """The replicated float64 buffers holding ``values``; a step whose scalars did not change (a constant
+    learning rate) reuses the last ones, since programs never write their inputs."""
+    global _last_scalars
+    from . import _transfer
+
+    key = tuple(values)
+    last = _last_scalars
+    if last is not None and last[0] == key and last[1] == vd.generation:
+        return last[2]
+    buffers = _transfer.upload_host_tensor(torch.tensor(key, dtype=torch.float64), None, vd)
+    _last_scalars = (key, vd.generation, buffers)
+    return buffers
+
+
 def _live_outputs(trace: _Trace) -> tuple[list[fx.Node], dict[fx.Node, list[TensorData]]]:
     """The nodes some live tensor still holds, in graph order, with those tensors."""
     holders: dict[fx.Node, list[TensorData]] = {}
@@ -641,10 +699,10 @@ def _execute(trace: _Trace) -> None:
                                      "move it to pjrt again from a CPU copy")
         columns.append(entry.buffers)
     if trace.scalars:
-        values = torch.tensor(trace.scalars, dtype=torch.float64)
         pool = graph.placeholder("scalars")
-        pool.meta.update(val=_to_meta(values), sharding=ShardingSpec.replicated(), scalar_pool=True)
-        columns.append(_transfer.upload_host_tensor(values, None, vd))
+        pool.meta.update(val=torch.empty(len(trace.scalars), dtype=torch.float64, device="meta"),
+                         sharding=ShardingSpec.replicated(), scalar_pool=True)
+        columns.append(_scalar_buffers(trace.scalars, vd))
     graph.output(tuple(nodes))
     program = _executor.compile_graph(graph, vd, signature=signature)
     outputs = _executor.execute_program(program, columns, vd)

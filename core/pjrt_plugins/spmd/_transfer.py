@@ -101,7 +101,7 @@ class _Counters:
 
 
 _counters = _Counters()
-#: Gathers of strided shards larger than this use two threads.
+#: Gathers moving more than this use two threads.
 _PARALLEL_GATHER_BYTES = 8 << 20
 
 
@@ -230,7 +230,8 @@ def check_current(data: TensorData, vd: VirtualDevice | None = None) -> None:
 
 
 def download_buffer(buffer: Any, ordinal: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """One device buffer as a CPU tensor (counted); written into ``out`` if given (C-contiguous)."""
+    """One device buffer as a CPU tensor (counted); written into ``out`` if given (a region of the
+    buffer's shape: contiguous, or strided for buffers the host reads in place, see ``Buffer.to_numpy``)."""
     result = buffer.to_torch(out=out)
     _counters.add_download(ordinal, result.numel() * result.element_size())
     return result
@@ -251,33 +252,56 @@ def download_shard(data: TensorData, ordinal: int) -> torch.Tensor:
 def gather_shards(
     shape: Sequence[int], dtype: torch.dtype, sharding: ShardingSpec, buffers: Sequence[Any], device_ids: Sequence[int]
 ) -> torch.Tensor:
-    """Assemble the global CPU tensor from per-device ``buffers``, reading one copy of each tile."""
+    """Assemble the global CPU tensor from per-device ``buffers``, reading one copy of each tile.
+
+    Each tile is copied once, straight into its place in the output: a contiguous place
+    (a split along the first dimension) by the plugin's transfer, a strided one (a split
+    along a later dimension) from the buffer's own memory where the host can read it in
+    place (the CPU plugin, see ``Buffer.host_view``). Padded tiles, and strided places on
+    plugins whose buffers live in device memory, go through a staging tensor.
+    """
     shape = tuple(shape)
     shards = sharding.shards(shape, device_ids)
     if sharding.type in (ShardingType.REPLICATED, ShardingType.MAXIMAL):
         first = shards[0]
         return download_buffer(buffers[first.device], first.device).reshape(shape).to(dtype)
     out = host_empty(shape, dtype)
-    staged = []
+    in_place: list[tuple[Shard, torch.Tensor]] = []
+    staged: list[tuple[Shard, torch.Tensor]] = []
     for shard in shards:
         if shard.replica_id != 0 or shard.numel == 0:
             continue
         region = out[shard.indices]
-        if not shard.is_padded and region.is_contiguous():
-            download_buffer(buffers[shard.device], shard.device, out=region)  # straight into place
+        if not shard.is_padded and (region.is_contiguous() or buffers[shard.device].host_readable()):
+            in_place.append((shard, region))
         else:
             staged.append((shard, region))
+
+    def straight(item: tuple[Shard, torch.Tensor]) -> None:
+        shard, region = item
+        download_buffer(buffers[shard.device], shard.device, out=region)
+
+    _each(straight, in_place, dtype)
     if staged:
         _gather_staged(staged, buffers, dtype)
     return out
 
 
-def _gather_staged(staged: list[tuple[Shard, torch.Tensor]], buffers: Sequence[Any], dtype: torch.dtype) -> None:
-    """Download shards whose place in the output is strided (or padded) through a staging tensor.
+def _each(fn: Any, items: list[tuple[Shard, torch.Tensor]], dtype: torch.dtype) -> None:
+    """``fn(item)`` for every item; on two threads when there is much to copy (the copies drop the GIL)."""
+    total = sum(shard.padded_numel for shard, _ in items) * dtype.itemsize
+    if total < _PARALLEL_GATHER_BYTES or len(items) < 2:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pjrt-gather") as pool:
+        for future in [pool.submit(fn, item) for item in items]:
+            future.result()
 
-    Large ones run on two threads (downloads and strided copies release the GIL), each
-    with one staging tensor it reuses, so one shard's copy overlaps the next download.
-    """
+
+def _gather_staged(staged: list[tuple[Shard, torch.Tensor]], buffers: Sequence[Any], dtype: torch.dtype) -> None:
+    """Download shards whose place in the output is padded, or strided on a plugin the host cannot read
+    in place, through a staging tensor per thread (reused), so one shard's copy overlaps the next download."""
     local = threading.local()
 
     def one(item: tuple[Shard, torch.Tensor]) -> None:
@@ -288,14 +312,7 @@ def _gather_staged(staged: list[tuple[Shard, torch.Tensor]], buffers: Sequence[A
         download_buffer(buffers[shard.device], shard.device, out=scratch)
         region.copy_(scratch[tuple(slice(0, n) for n in shard.shape)])
 
-    total = sum(shard.padded_numel for shard, _ in staged) * dtype.itemsize
-    if total < _PARALLEL_GATHER_BYTES or len(staged) < 2:
-        for item in staged:
-            one(item)
-        return
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pjrt-gather") as pool:
-        for future in [pool.submit(one, item) for item in staged]:
-            future.result()
+    _each(one, staged, dtype)
 
 
 def gather(data: TensorData) -> torch.Tensor:
