@@ -180,3 +180,11 @@ def test_slot_minors_are_consistent():
     # Slots are appended over time, so the minor that added them never goes down.
     assert added == sorted(added)
     assert all(slot.args is None or slot.args in _cdef.STRUCT_SIZE for slot in _cdef.API_SLOTS)
+
+
+def test_option_types_are_the_named_value_enum():
+    from pjrt_plugins.options import OptionType
+
+    declared = _cdef.enum_values("PJRT_NamedValue_Type")
+    names = {"STRING": "kString", "INT64": "kInt64", "INT64_LIST": "kInt64List", "FLOAT": "kFloat", "BOOL": "kBool"}
+    assert {f"PJRT_NamedValue_{names[kind.name]}": int(kind) for kind in OptionType} == declared

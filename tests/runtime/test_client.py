@@ -122,6 +122,29 @@ def test_context_manager_and_close(cpu_library_path):
     assert "closed" in repr(client)
 
 
+def test_devices_and_memories_of_a_closed_client_raise_instead_of_crashing(cpu_library_path, python_subprocess):
+    # The plugin frees devices and memories with the client: reading one afterwards must not reach it.
+    code = textwrap.dedent(
+        f"""
+        from pjrt_plugins.runtime import Client, ClientClosedError
+        client = Client({str(cpu_library_path)!r})
+        device = client.devices[0]
+        memory = device.default_memory
+        client.close()
+        for read in (lambda: device.debug_string, lambda: device.attributes, lambda: device.local_hardware_id,
+                     lambda: device.memories, lambda: memory.kind_id, lambda: memory.addressable_by_devices):
+            try:
+                read()
+            except ClientClosedError:
+                print("closed")
+        print(str(device) == repr(device), str(memory) == repr(memory), device.id, memory.kind)
+        """
+    )
+    result = python_subprocess(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["closed"] * 6 + ["True", "True", "0", "device"]
+
+
 def test_client_accepts_a_loaded_library(cpu_library_path):
     with Client(load_library(cpu_library_path)) as client:
         assert client.library is load_library(cpu_library_path)

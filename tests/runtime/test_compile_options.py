@@ -55,6 +55,15 @@ def test_device_ordinal_is_minus_one_as_int64():
     assert len(CompileOptions(num_partitions=8, use_spmd_partitioning=True).serialize()) == 19
 
 
+def test_truncated_messages_raise_for_either_reader():
+    data = CompileOptions(num_partitions=8).serialize()
+    for cut in (data[:-1], data[:2], b"\x12\x05\x01", b"\x09\x00"):
+        with pytest.raises(ValueError, match="truncated"):
+            length_delimited_fields(cut, 3)
+        with pytest.raises(ValueError, match="truncated"):
+            varint_fields(cut, 1)
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [

@@ -1,4 +1,4 @@
-"""The raw C API surface: new_args, Client.c_pointer, Buffer.c_pointer and Library.call on the real CPU plugin."""
+"""The raw C API surface: new_args, Client.c_pointer, Buffer.c_pointer, Library.call and .invoke on the real CPU plugin."""
 
 from __future__ import annotations
 
@@ -27,6 +27,15 @@ def test_a_raw_call_with_the_buffer_pointer_sees_the_uploaded_shape(client8):
     buffer.delete()
     with pytest.raises(ValueError, match="deleted"):
         buffer.c_pointer()
+
+
+def test_invoke_makes_the_args_struct_from_fields_and_returns_it(client8):
+    buffer = client8.buffer_from_host(np.zeros((3, 4), np.float32))
+    args = client8.library.invoke("PJRT_Buffer_Dimensions", buffer=buffer.c_pointer())
+    assert args.struct_size == STRUCT_SIZE["PJRT_Buffer_Dimensions_Args"]
+    assert list(ffi.unpack(args.dims, args.num_dims)) == [3, 4]
+    with pytest.raises(KeyError, match="not a PJRT C API function"):
+        client8.library.invoke("PJRT_Buffer_NoSuchFunction", buffer=buffer.c_pointer())
 
 
 def test_pointers_are_refused_once_the_client_is_closed(cpu_library_path):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableError, PjrtError
-from ._cdef import ffi
+from ._cdef import STRUCT_SIZE, ffi
 from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
 from ._library import new_args, scratch_args
 
@@ -108,7 +108,7 @@ class _HostPin:
     the view (the destructor of the view's memory), or by :meth:`release`.
     """
 
-    __slots__ = ("_buffer", "address", "__weakref__")
+    __slots__ = ("_buffer", "address")
 
     def __init__(self, buffer: Buffer) -> None:
         self._buffer: Buffer | None = None
@@ -167,15 +167,10 @@ def _read_plan(lib: Any, ptr: Any, ndim: int) -> ReadPlan:
     if not lib.has_function("PJRT_Buffer_GetMemoryLayout"):
         return _TRANSFER
     try:
-        query = new_args("PJRT_Buffer_GetMemoryLayout_Args")
-        query.buffer = ptr
-        lib.call("PJRT_Buffer_GetMemoryLayout", query)
-        on_cpu = False
-        if lib.has_function("PJRT_Buffer_IsOnCpu"):
-            cpu_args = new_args("PJRT_Buffer_IsOnCpu_Args")
-            cpu_args.buffer = ptr
-            lib.call("PJRT_Buffer_IsOnCpu", cpu_args)
-            on_cpu = bool(cpu_args.is_on_cpu)
+        query = lib.invoke("PJRT_Buffer_GetMemoryLayout", buffer=ptr)
+        on_cpu = lib.has_function("PJRT_Buffer_IsOnCpu") and bool(
+            lib.invoke("PJRT_Buffer_IsOnCpu", buffer=ptr).is_on_cpu
+        )
     except PjrtError:  # e.g. UNIMPLEMENTED: trust the plugin's transfer
         return _TRANSFER
     layout = query.layout
@@ -201,7 +196,7 @@ def _row_major_layout(ndim: int) -> Any:
         minor_to_major = ffi.new("int64_t[]", list(range(ndim - 1, -1, -1)) or [0])
         layout = new_args("PJRT_Buffer_MemoryLayout")
         layout.type = 0  # PJRT_Buffer_MemoryLayout_Type_Tiled
-        layout.tiled.struct_size = ffi.sizeof("PJRT_Buffer_MemoryLayout_Tiled")
+        layout.tiled.struct_size = STRUCT_SIZE["PJRT_Buffer_MemoryLayout_Tiled"]
         layout.tiled.minor_to_major = minor_to_major
         layout.tiled.minor_to_major_size = ndim
         layout.tiled.num_tiles = 0
@@ -297,10 +292,7 @@ class Buffer:
         """True once deleted here, or when the plugin dropped the data (donated to a program)."""
         if self._ptr is None or self._client._closed:
             return True
-        args = new_args("PJRT_Buffer_IsDeleted_Args")
-        args.buffer = self._ptr
-        self._lib.call("PJRT_Buffer_IsDeleted", args)
-        return bool(args.is_deleted)
+        return bool(self._lib.invoke("PJRT_Buffer_IsDeleted", buffer=self._ptr).is_deleted)
 
     def __enter__(self) -> Buffer:
         return self
@@ -324,9 +316,7 @@ class Buffer:
     @property
     def shape(self) -> tuple[int, ...]:
         if self._shape is None:
-            args = new_args("PJRT_Buffer_Dimensions_Args")
-            args.buffer = self._handle()
-            self._lib.call("PJRT_Buffer_Dimensions", args)
+            args = self._lib.invoke("PJRT_Buffer_Dimensions", buffer=self._handle())
             self._shape = tuple(ffi.unpack(args.dims, args.num_dims)) if args.num_dims else ()
         return self._shape
 
@@ -334,9 +324,7 @@ class Buffer:
     def dtype(self) -> np.dtype:
         """The numpy dtype (ml_dtypes for bfloat16 and the 8-bit floats)."""
         if self._dtype is None:
-            args = new_args("PJRT_Buffer_ElementType_Args")
-            args.buffer = self._handle()
-            self._lib.call("PJRT_Buffer_ElementType", args)
+            args = self._lib.invoke("PJRT_Buffer_ElementType", buffer=self._handle())
             self._dtype = numpy_dtype_of(int(ffi.cast("int", args.type)))
         return self._dtype
 
@@ -354,24 +342,16 @@ class Buffer:
 
     @property
     def device(self) -> Device:
-        args = new_args("PJRT_Buffer_Device_Args")
-        args.buffer = self._handle()
-        self._lib.call("PJRT_Buffer_Device", args)
-        return self._client._device(args.device)
+        return self._client._device(self._lib.invoke("PJRT_Buffer_Device", buffer=self._handle()).device)
 
     @property
     def memory(self) -> Memory:
-        args = new_args("PJRT_Buffer_Memory_Args")
-        args.buffer = self._handle()
-        self._lib.call("PJRT_Buffer_Memory", args)
-        return self._client._memory(args.memory)
+        return self._client._memory(self._lib.invoke("PJRT_Buffer_Memory", buffer=self._handle()).memory)
 
     @property
     def on_device_size(self) -> int:
         """Bytes the buffer occupies on the device (may exceed nbytes: padding, tiling)."""
-        args = new_args("PJRT_Buffer_OnDeviceSizeInBytes_Args")
-        args.buffer = self._handle()
-        self._lib.call("PJRT_Buffer_OnDeviceSizeInBytes", args)
+        args = self._lib.invoke("PJRT_Buffer_OnDeviceSizeInBytes", buffer=self._handle())
         return int(args.on_device_size_in_bytes)
 
     # -- readiness -------------------------------------------------------------------
@@ -543,10 +523,7 @@ class Buffer:
     def copy_to_device(self, device: Device | int) -> Buffer:
         """A copy of this buffer on another device of the same client."""
         target = self._client._resolve_device(device)
-        args = new_args("PJRT_Buffer_CopyToDevice_Args")
-        args.buffer = self._handle()
-        args.dst_device = target._ptr
-        self._lib.call("PJRT_Buffer_CopyToDevice", args)
+        args = self._lib.invoke("PJRT_Buffer_CopyToDevice", buffer=self._handle(), dst_device=target._ptr)
         return Buffer(self._client, args.dst_buffer, self._shape, self._dtype)
 
     def __repr__(self) -> str:

@@ -1120,8 +1120,14 @@ ffi = cffi.FFI()
 ffi.cdef(CDEF)
 
 
+def field_end(struct: str, field: str) -> int:
+    """``offsetof(struct, field) + sizeof(field)``: the bytes a struct needs to hold ``field``."""
+    item = dict(ffi.typeof(struct).fields)[field]
+    return item.offset + ffi.sizeof(item.type)
+
+
 def _struct_sizes() -> dict[str, int]:
-    """``offsetof(last field) + sizeof(last field)`` for every args struct we declare."""
+    """The end of the last field (the header's STRUCT_SIZE) for every struct we declare."""
     sizes: dict[str, int] = {}
     for name in ffi.list_types()[0]:
         try:
@@ -1130,8 +1136,7 @@ def _struct_sizes() -> dict[str, int]:
             continue
         if ctype.kind != "struct" or not ctype.fields:
             continue
-        field_name, field = ctype.fields[-1]
-        sizes[name] = field.offset + ffi.sizeof(field.type)
+        sizes[name] = field_end(name, ctype.fields[-1][0])
     return sizes
 
 

@@ -25,7 +25,7 @@ from ._compile_options import CompileOptions
 from ._dtypes import pjrt_type_of
 from ._executable import Executable
 from ._kv import KvCallbacks
-from ._library import Library, load_library, new_args
+from ._library import Library, load_library, new_args, unpack_text, version_text
 from ._named_values import EncodedNamedValues, decode_named_values
 
 logger = logging.getLogger(__name__)
@@ -34,13 +34,6 @@ _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
 _UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _dims_cache: dict[tuple[int, ...], Any] = {}
-
-
-def _string(args: Any, pointer_field: str, size_field: str) -> str:
-    pointer = getattr(args, pointer_field)
-    if pointer == ffi.NULL:
-        return ""
-    return ffi.unpack(pointer, getattr(args, size_field)).decode("utf-8", "replace")
 
 
 def _dims(shape: tuple[int, ...]) -> Any:
@@ -52,129 +45,108 @@ def _dims(shape: tuple[int, ...]) -> Any:
     return dims
 
 
-class Memory:
-    """A memory space (``device``, ``pinned_host``, ...) of a client."""
+class _ClientPart:
+    """A device or memory space of a client. The plugin frees these with the client, so every
+    C call on one first checks that the client is still open (ClientClosedError otherwise)."""
 
     def __init__(self, client: Client, ptr: Any) -> None:
         self._client_ref = weakref.ref(client)
         self._lib = client._lib
         self._ptr = ptr
-        args = new_args("PJRT_Memory_Id_Args")
-        args.memory = ptr
-        self._lib.call("PJRT_Memory_Id", args)
-        self.id = int(args.id)
-        args = new_args("PJRT_Memory_Kind_Args")
-        args.memory = ptr
-        self._lib.call("PJRT_Memory_Kind", args)
-        self.kind = _string(args, "kind", "kind_size")
-
-    @property
-    def kind_id(self) -> int:
-        args = new_args("PJRT_Memory_Kind_Id_Args")
-        args.memory = self._ptr
-        self._lib.call("PJRT_Memory_Kind_Id", args)
-        return int(args.kind_id)
-
-    @property
-    def addressable_by_devices(self) -> list[Device]:
-        client = _alive(self._client_ref)
-        args = new_args("PJRT_Memory_AddressableByDevices_Args")
-        args.memory = self._ptr
-        self._lib.call("PJRT_Memory_AddressableByDevices", args)
-        return [client._device(args.devices[i]) for i in range(args.num_devices)]
-
-    def __str__(self) -> str:
-        args = new_args("PJRT_Memory_ToString_Args")
-        args.memory = self._ptr
-        self._lib.call("PJRT_Memory_ToString", args)
-        return _string(args, "to_string", "to_string_size")
-
-    def __repr__(self) -> str:
-        return f"<pjrt Memory id={self.id} kind={self.kind!r}>"
-
-
-class Device:
-    """One device of a client: id, kind, process index, attributes and memories."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        self._client_ref = weakref.ref(client)
-        self._lib = lib = client._lib
-        self._ptr = ptr
-        args = new_args("PJRT_Device_GetDescription_Args")
-        args.device = ptr
-        lib.call("PJRT_Device_GetDescription", args)
-        self._description = desc = args.device_description
-        args = new_args("PJRT_DeviceDescription_Id_Args")
-        args.device_description = desc
-        lib.call("PJRT_DeviceDescription_Id", args)
-        self.id = int(args.id)
-        args = new_args("PJRT_DeviceDescription_ProcessIndex_Args")
-        args.device_description = desc
-        lib.call("PJRT_DeviceDescription_ProcessIndex", args)
-        self.process_index = int(args.process_index)
-        args = new_args("PJRT_DeviceDescription_Kind_Args")
-        args.device_description = desc
-        lib.call("PJRT_DeviceDescription_Kind", args)
-        self.kind = _string(args, "device_kind", "device_kind_size")
-        args = new_args("PJRT_Device_IsAddressable_Args")
-        args.device = ptr
-        lib.call("PJRT_Device_IsAddressable", args)
-        self.is_addressable = bool(args.is_addressable)
-        self._attributes: dict[str, Any] | None = None
-        self._local_hardware_id: int | None = None
-        self._read_plan: Any = None  # how buffers put here are read back (same for all of them)
 
     @property
     def client(self) -> Client:
         return _alive(self._client_ref)
 
+    def _invoke(self, function: str, **fields: Any) -> Any:
+        _alive(self._client_ref)
+        return self._lib.invoke(function, **fields)
+
+    def _to_string(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        try:
+            return self._to_string()  # the plugin's own text
+        except ClientClosedError:  # str() never raises: what we cached is all that is left
+            return repr(self)
+
+
+class Memory(_ClientPart):
+    """A memory space (``device``, ``pinned_host``, ...) of a client."""
+
+    def __init__(self, client: Client, ptr: Any) -> None:
+        super().__init__(client, ptr)
+        self.id = int(self._invoke("PJRT_Memory_Id", memory=ptr).id)
+        args = self._invoke("PJRT_Memory_Kind", memory=ptr)
+        self.kind = unpack_text(args.kind, args.kind_size)
+
+    @property
+    def kind_id(self) -> int:
+        return int(self._invoke("PJRT_Memory_Kind_Id", memory=self._ptr).kind_id)
+
+    @property
+    def addressable_by_devices(self) -> list[Device]:
+        args = self._invoke("PJRT_Memory_AddressableByDevices", memory=self._ptr)
+        return [self.client._device(args.devices[i]) for i in range(args.num_devices)]
+
+    def _to_string(self) -> str:
+        args = self._invoke("PJRT_Memory_ToString", memory=self._ptr)
+        return unpack_text(args.to_string, args.to_string_size)
+
+    def __repr__(self) -> str:
+        return f"<pjrt Memory id={self.id} kind={self.kind!r}>"
+
+
+class Device(_ClientPart):
+    """One device of a client: id, kind, process index, attributes and memories."""
+
+    def __init__(self, client: Client, ptr: Any) -> None:
+        super().__init__(client, ptr)
+        self._description = desc = self._invoke("PJRT_Device_GetDescription", device=ptr).device_description
+        self.id = int(self._invoke("PJRT_DeviceDescription_Id", device_description=desc).id)
+        self.process_index = int(
+            self._invoke("PJRT_DeviceDescription_ProcessIndex", device_description=desc).process_index
+        )
+        args = self._invoke("PJRT_DeviceDescription_Kind", device_description=desc)
+        self.kind = unpack_text(args.device_kind, args.device_kind_size)
+        self.is_addressable = bool(self._invoke("PJRT_Device_IsAddressable", device=ptr).is_addressable)
+        self._attributes: dict[str, Any] | None = None
+        self._local_hardware_id: int | None = None
+        self._read_plan: Any = None  # how buffers put here are read back (same for all of them)
+
     @property
     def local_hardware_id(self) -> int:
         """Opaque hardware id (e.g. the CUDA ordinal); -1 if the plugin has none."""
         if self._local_hardware_id is None:
-            args = new_args("PJRT_Device_LocalHardwareId_Args")
-            args.device = self._ptr
-            self._lib.call("PJRT_Device_LocalHardwareId", args)
+            args = self._invoke("PJRT_Device_LocalHardwareId", device=self._ptr)
             self._local_hardware_id = int(args.local_hardware_id)
         return self._local_hardware_id
 
     @property
     def attributes(self) -> dict[str, Any]:
         if self._attributes is None:
-            args = new_args("PJRT_DeviceDescription_Attributes_Args")
-            args.device_description = self._description
-            self._lib.call("PJRT_DeviceDescription_Attributes", args)
+            args = self._invoke("PJRT_DeviceDescription_Attributes", device_description=self._description)
             self._attributes = decode_named_values(args.attributes, args.num_attributes)
         return dict(self._attributes)
 
     @property
     def memories(self) -> list[Memory]:
-        client = _alive(self._client_ref)
-        args = new_args("PJRT_Device_AddressableMemories_Args")
-        args.device = self._ptr
-        self._lib.call("PJRT_Device_AddressableMemories", args)
-        return [client._memory(args.memories[i]) for i in range(args.num_memories)]
+        args = self._invoke("PJRT_Device_AddressableMemories", device=self._ptr)
+        return [self.client._memory(args.memories[i]) for i in range(args.num_memories)]
 
     @property
     def default_memory(self) -> Memory:
-        client = _alive(self._client_ref)
-        args = new_args("PJRT_Device_DefaultMemory_Args")
-        args.device = self._ptr
-        self._lib.call("PJRT_Device_DefaultMemory", args)
-        return client._memory(args.memory)
+        return self.client._memory(self._invoke("PJRT_Device_DefaultMemory", device=self._ptr).memory)
 
     @property
     def debug_string(self) -> str:
-        args = new_args("PJRT_DeviceDescription_DebugString_Args")
-        args.device_description = self._description
-        self._lib.call("PJRT_DeviceDescription_DebugString", args)
-        return _string(args, "debug_string", "debug_string_size")
+        args = self._invoke("PJRT_DeviceDescription_DebugString", device_description=self._description)
+        return unpack_text(args.debug_string, args.debug_string_size)
 
-    def __str__(self) -> str:
-        args = new_args("PJRT_DeviceDescription_ToString_Args")
-        args.device_description = self._description
-        self._lib.call("PJRT_DeviceDescription_ToString", args)
-        return _string(args, "to_string", "to_string_size")
+    def _to_string(self) -> str:
+        args = self._invoke("PJRT_DeviceDescription_ToString", device_description=self._description)
+        return unpack_text(args.to_string, args.to_string_size)
 
     def __repr__(self) -> str:
         return f"<pjrt Device id={self.id} kind={self.kind!r} process_index={self.process_index}>"
@@ -296,11 +268,9 @@ class Client:
                     break
                 self._destroy_executable(entry)
             self._drain_pending_host(wait=True)
-            args = new_args("PJRT_Client_Destroy_Args")
-            args.client = self._ptr
-            self._ptr = ffi.NULL
+            ptr, self._ptr = self._ptr, ffi.NULL
             try:
-                self._lib.call("PJRT_Client_Destroy", args)
+                self._lib.invoke("PJRT_Client_Destroy", client=ptr)
             finally:
                 if self._kv is not None:
                     self._kv.release()
@@ -327,44 +297,38 @@ class Client:
         try:
             self._lib.call("PJRT_Buffer_Destroy", args)
         finally:
-            if event is not None:
-                if wait:
-                    self._await_quietly(event)
-                elif self._lib.event_is_ready(event):
-                    self._lib.destroy_event(event)
-                else:
-                    with self._lock:
-                        self._pending_host.append((event, host))
+            if event is not None and not self._settle_host_event(event, wait):
+                with self._lock:
+                    self._pending_host.append((event, host))
 
     def _destroy_executable(self, entry: tuple[Any, Any]) -> None:
         executable, loaded = entry
-        args = new_args("PJRT_Executable_Destroy_Args")
-        args.executable = executable
         try:
-            self._lib.call("PJRT_Executable_Destroy", args)
+            self._lib.invoke("PJRT_Executable_Destroy", executable=executable)
         finally:
-            largs = new_args("PJRT_LoadedExecutable_Destroy_Args")
-            largs.executable = loaded
-            self._lib.call("PJRT_LoadedExecutable_Destroy", largs)
+            self._lib.invoke("PJRT_LoadedExecutable_Destroy", executable=loaded)
 
-    def _await_quietly(self, event: Any) -> None:
-        try:
-            self._lib.await_event(event, "PJRT_Client_BufferFromHostBuffer")
-        except PjrtError as exc:  # the transfer failed; the host memory is free either way
-            logger.debug("a host-to-device transfer reported %s", exc)
+    def _settle_host_event(self, event: Any, wait: bool) -> bool:
+        """Destroy a done-with-host-buffer event that has fired (with ``wait``: once it fires).
+
+        False (event kept) while the plugin may still read the host memory.
+        """
+        if wait:
+            try:
+                self._lib.await_event(event, "PJRT_Client_BufferFromHostBuffer")
+            except PjrtError as exc:  # the transfer failed; the host memory is free either way
+                logger.debug("a host-to-device transfer reported %s", exc)
+        elif self._lib.event_is_ready(event):
+            self._lib.destroy_event(event)
+        else:
+            return False
+        return True
 
     def _drain_pending_host(self, wait: bool = False) -> None:
         """Let go of host memory whose transfers are done (all of it with ``wait``)."""
         with self._lock:
             pending, self._pending_host = self._pending_host, []
-        keep = []
-        for event, host in pending:
-            if wait:
-                self._await_quietly(event)
-            elif self._lib.event_is_ready(event):
-                self._lib.destroy_event(event)
-            else:
-                keep.append((event, host))
+        keep = [(event, host) for event, host in pending if not self._settle_host_event(event, wait)]
         if keep:
             with self._lock:
                 self._pending_host.extend(keep)
@@ -374,35 +338,26 @@ class Client:
     @property
     def platform_name(self) -> str:
         if self._platform_name is None:
-            args = new_args("PJRT_Client_PlatformName_Args")
-            args.client = self._check_open()
-            self._lib.call("PJRT_Client_PlatformName", args)
-            self._platform_name = _string(args, "platform_name", "platform_name_size")
+            args = self._lib.invoke("PJRT_Client_PlatformName", client=self._check_open())
+            self._platform_name = unpack_text(args.platform_name, args.platform_name_size)
         return self._platform_name
 
     @property
     def platform_version(self) -> str:
         if self._platform_version is None:
-            args = new_args("PJRT_Client_PlatformVersion_Args")
-            args.client = self._check_open()
-            self._lib.call("PJRT_Client_PlatformVersion", args)
-            self._platform_version = _string(args, "platform_version", "platform_version_size")
+            args = self._lib.invoke("PJRT_Client_PlatformVersion", client=self._check_open())
+            self._platform_version = unpack_text(args.platform_version, args.platform_version_size)
         return self._platform_version
 
     @property
     def process_index(self) -> int:
-        args = new_args("PJRT_Client_ProcessIndex_Args")
-        args.client = self._check_open()
-        self._lib.call("PJRT_Client_ProcessIndex", args)
-        return int(args.process_index)
+        return int(self._lib.invoke("PJRT_Client_ProcessIndex", client=self._check_open()).process_index)
 
     @property
     def devices(self) -> list[Device]:
         """Every device the client sees, addressable or not."""
         if self._devices is None:
-            args = new_args("PJRT_Client_Devices_Args")
-            args.client = self._check_open()
-            self._lib.call("PJRT_Client_Devices", args)
+            args = self._lib.invoke("PJRT_Client_Devices", client=self._check_open())
             self._devices = [self._device(args.devices[i]) for i in range(args.num_devices)]
         return list(self._devices)
 
@@ -410,9 +365,7 @@ class Client:
     def addressable_devices(self) -> list[Device]:
         """The devices this process can run on."""
         if self._addressable is None:
-            args = new_args("PJRT_Client_AddressableDevices_Args")
-            args.client = self._check_open()
-            self._lib.call("PJRT_Client_AddressableDevices", args)
+            args = self._lib.invoke("PJRT_Client_AddressableDevices", client=self._check_open())
             self._addressable = [
                 self._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
             ]
@@ -420,24 +373,20 @@ class Client:
 
     @property
     def memories(self) -> list[Memory]:
-        args = new_args("PJRT_Client_AddressableMemories_Args")
-        args.client = self._check_open()
-        self._lib.call("PJRT_Client_AddressableMemories", args)
+        args = self._lib.invoke("PJRT_Client_AddressableMemories", client=self._check_open())
         return [self._memory(args.addressable_memories[i]) for i in range(args.num_addressable_memories)]
 
     def lookup_device(self, device_id: int) -> Device:
         """The device whose id is ``device_id``; PjrtError if there is none."""
-        args = new_args("PJRT_Client_LookupDevice_Args")
-        args.client = self._check_open()
-        args.id = int(device_id)
-        self._lib.call("PJRT_Client_LookupDevice", args)
+        args = self._lib.invoke("PJRT_Client_LookupDevice", client=self._check_open(), id=int(device_id))
         return self._device(args.device)
 
     def lookup_addressable_device(self, local_hardware_id: int) -> Device:
-        args = new_args("PJRT_Client_LookupAddressableDevice_Args")
-        args.client = self._check_open()
-        args.local_hardware_id = int(local_hardware_id)
-        self._lib.call("PJRT_Client_LookupAddressableDevice", args)
+        args = self._lib.invoke(
+            "PJRT_Client_LookupAddressableDevice",
+            client=self._check_open(),
+            local_hardware_id=int(local_hardware_id),
+        )
         return self._device(args.addressable_device)
 
     def default_device_assignment(self, num_replicas: int, num_partitions: int = 1) -> list[list[int]]:
@@ -446,13 +395,14 @@ class Client:
             raise ValueError("num_replicas and num_partitions must be >= 1")
         count = num_replicas * num_partitions
         out = ffi.new("int[]", count)
-        args = new_args("PJRT_Client_DefaultDeviceAssignment_Args")
-        args.client = self._check_open()
-        args.num_replicas = num_replicas
-        args.num_partitions = num_partitions
-        args.default_assignment_size = count
-        args.default_assignment = out
-        self._lib.call("PJRT_Client_DefaultDeviceAssignment", args)
+        self._lib.invoke(
+            "PJRT_Client_DefaultDeviceAssignment",
+            client=self._check_open(),
+            num_replicas=num_replicas,
+            num_partitions=num_partitions,
+            default_assignment_size=count,
+            default_assignment=out,
+        )
         flat = list(out)
         return [flat[r * num_partitions : (r + 1) * num_partitions] for r in range(num_replicas)]
 
@@ -557,17 +507,7 @@ class Client:
             raise TypeError(f"program must be str or bytes, got {type(program).__name__}")
         if not code:
             raise ValueError("cannot compile an empty program")
-        if options is None:
-            options = CompileOptions()
-        if isinstance(options, CompileOptions):
-            serialized = options.serialize()
-        elif isinstance(options, (bytes, bytearray, memoryview)):
-            serialized = bytes(options)
-        else:
-            raise TypeError(
-                f"options must be CompileOptions, serialized CompileOptionsProto bytes or None, got "
-                f"{type(options).__name__}"
-            )
+        serialized = _serialized_options(CompileOptions() if options is None else options)
         code_c = ffi.new("char[]", code)
         format_c = ffi.new("char[]", format.encode("ascii"))
         options_c = ffi.new("char[]", serialized)
@@ -576,12 +516,13 @@ class Client:
         prog.code_size = len(code)
         prog.format = format_c
         prog.format_size = len(format)
-        args = new_args("PJRT_Client_Compile_Args")
-        args.client = ptr
-        args.program = prog
-        args.compile_options = options_c
-        args.compile_options_size = len(serialized)
-        self._lib.call("PJRT_Client_Compile", args)
+        args = self._lib.invoke(
+            "PJRT_Client_Compile",
+            client=ptr,
+            program=prog,
+            compile_options=options_c,
+            compile_options_size=len(serialized),
+        )
         return Executable(self, args.executable)
 
     def deserialize_executable(self, data: bytes, options: CompileOptions | bytes | None = None) -> Executable:
@@ -599,10 +540,10 @@ class Client:
                 "PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options"
             ):
                 raise NotImplementedError(
-                    f"{self._lib.name} (PJRT C API {self._lib.api_version[0]}.{self._lib.api_version[1]}) "
+                    f"{self._lib.name} (PJRT C API {version_text(self._lib.api_version)}) "
                     "cannot override compile options when loading; that needs PJRT C API 0.71"
                 )
-            serialized = options.serialize() if isinstance(options, CompileOptions) else bytes(options)
+            serialized = _serialized_options(options)
             keep = ffi.new("char[]", serialized)
             args.overridden_serialized_compile_options = keep
             args.overridden_serialized_compile_options_size = len(serialized)
@@ -613,6 +554,17 @@ class Client:
         if self._closed:
             return f"<pjrt Client {self.plugin_name!r} (closed)>"
         return f"<pjrt Client {self.plugin_name!r} platform={self.platform_name!r} devices={len(self.devices)}>"
+
+
+def _serialized_options(options: CompileOptions | bytes) -> bytes:
+    """The ``xla.CompileOptionsProto`` bytes of a :class:`CompileOptions` or of ready-made bytes."""
+    if isinstance(options, CompileOptions):
+        return options.serialize()
+    if isinstance(options, (bytes, bytearray, memoryview)):
+        return bytes(options)
+    raise TypeError(
+        f"options must be CompileOptions, serialized CompileOptionsProto bytes or None, got {type(options).__name__}"
+    )
 
 
 def _close_all_clients() -> None:

@@ -44,10 +44,10 @@ _NUMPY_NAME_BY_PJRT_NAME = {
 
 
 def _numpy_dtype(name: str) -> np.dtype | None:
-    if hasattr(np, name) and name not in ("bool",):
-        return np.dtype(getattr(np, name))
     if name == "bool":
         return np.dtype(np.bool_)
+    if hasattr(np, name):
+        return np.dtype(getattr(np, name))
     extra = getattr(ml_dtypes, name, None)
     return np.dtype(extra) if extra is not None else None
 

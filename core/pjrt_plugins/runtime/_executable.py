@@ -17,7 +17,7 @@ from ..errors import ClientClosedError, PjrtError, UnsupportedFunctionError
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
-from ._library import new_args
+from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
 from ._proto import length_delimited_fields, varint_fields
 
@@ -85,23 +85,15 @@ class Executable:
         self._lib = lib = client._lib
         self._loaded = loaded
         self._exe: Any = None
-        args = new_args("PJRT_LoadedExecutable_GetExecutable_Args")
-        args.loaded_executable = loaded
         try:
-            lib.call("PJRT_LoadedExecutable_GetExecutable", args)
+            self._exe = lib.invoke("PJRT_LoadedExecutable_GetExecutable", loaded_executable=loaded).executable
         except BaseException:
-            largs = new_args("PJRT_LoadedExecutable_Destroy_Args")
-            largs.executable = loaded
-            lib.call("PJRT_LoadedExecutable_Destroy", largs)
+            lib.invoke("PJRT_LoadedExecutable_Destroy", executable=loaded)
             raise
-        self._exe = args.executable
         # The client's registry owns both handles: whoever pops them (delete or close) frees them.
         client._live_executables[id(self)] = (self._exe, loaded)
         self._frames: dict[tuple[int, int], list[_ExecuteFrame]] = {}
-        num = new_args("PJRT_Executable_NumOutputs_Args")
-        num.executable = self._exe
-        lib.call("PJRT_Executable_NumOutputs", num)
-        self.num_outputs = int(num.num_outputs)
+        self.num_outputs = int(lib.invoke("PJRT_Executable_NumOutputs", executable=self._exe).num_outputs)
         self._addressable: list[Device] | None = None
         self._facts: dict[str, Any] = {}
 
@@ -148,21 +140,20 @@ class Executable:
     def client(self) -> Client:
         return self._client
 
+    def _invoke(self, function: str) -> Any:
+        """``function`` called on this PJRT_Executable; returns its args struct."""
+        return self._lib.invoke(function, executable=self._handles()[1])
+
     def _size_fact(self, function: str, field: str) -> int:
         if field not in self._facts:
-            args = new_args(f"{function}_Args")
-            args.executable = self._handles()[1]
-            self._lib.call(function, args)
-            self._facts[field] = int(getattr(args, field))
+            self._facts[field] = int(getattr(self._invoke(function), field))
         return self._facts[field]
 
     @property
     def name(self) -> str:
         if "name" not in self._facts:
-            args = new_args("PJRT_Executable_Name_Args")
-            args.executable = self._handles()[1]
-            self._lib.call("PJRT_Executable_Name", args)
-            self._facts["name"] = ffi.unpack(args.executable_name, args.executable_name_size).decode()
+            args = self._invoke("PJRT_Executable_Name")
+            self._facts["name"] = unpack_text(args.executable_name, args.executable_name_size)
         return self._facts["name"]
 
     @property
@@ -181,9 +172,7 @@ class Executable:
     def output_shapes(self) -> list[tuple[int, ...]]:
         """The shape of each output (per device)."""
         if "output_shapes" not in self._facts:
-            args = new_args("PJRT_Executable_OutputDimensions_Args")
-            args.executable = self._handles()[1]
-            self._lib.call("PJRT_Executable_OutputDimensions", args)
+            args = self._invoke("PJRT_Executable_OutputDimensions")
             shapes, start = [], 0
             for i in range(args.num_outputs):
                 rank = int(args.dim_sizes[i])
@@ -196,9 +185,7 @@ class Executable:
     def output_dtypes(self) -> list[np.dtype]:
         """The numpy dtype of each output (per device)."""
         if "output_dtypes" not in self._facts:
-            args = new_args("PJRT_Executable_OutputElementTypes_Args")
-            args.executable = self._handles()[1]
-            self._lib.call("PJRT_Executable_OutputElementTypes", args)
+            args = self._invoke("PJRT_Executable_OutputElementTypes")
             self._facts["output_dtypes"] = [
                 numpy_dtype_of(int(ffi.cast("int", args.output_types[i]))) for i in range(args.num_output_types)
             ]
@@ -223,12 +210,8 @@ class Executable:
 
     @property
     def output_memory_kinds(self) -> list[str]:
-        args = new_args("PJRT_Executable_OutputMemoryKinds_Args")
-        args.executable = self._handles()[1]
-        self._lib.call("PJRT_Executable_OutputMemoryKinds", args)
-        return [
-            ffi.unpack(args.memory_kinds[i], args.memory_kind_sizes[i]).decode() for i in range(args.num_outputs)
-        ]
+        args = self._invoke("PJRT_Executable_OutputMemoryKinds")
+        return [unpack_text(args.memory_kinds[i], args.memory_kind_sizes[i]) for i in range(args.num_outputs)]
 
     @property
     def fingerprint(self) -> str | None:
@@ -236,12 +219,9 @@ class Executable:
         if "fingerprint" not in self._facts:
             value = None
             try:
-                args = new_args("PJRT_Executable_Fingerprint_Args")
-                args.executable = self._handles()[1]
-                self._lib.call("PJRT_Executable_Fingerprint", args)
+                args = self._invoke("PJRT_Executable_Fingerprint")
                 if args.executable_fingerprint != ffi.NULL:
-                    raw = ffi.unpack(args.executable_fingerprint, args.executable_fingerprint_size)
-                    value = raw.decode("utf-8", "replace")
+                    value = unpack_text(args.executable_fingerprint, args.executable_fingerprint_size)
             except UnsupportedFunctionError:
                 value = None
             except PjrtError as exc:
@@ -252,18 +232,14 @@ class Executable:
 
     def cost_analysis(self) -> dict[str, Any]:
         """The plugin's cost properties (flops, bytes accessed, ...), possibly empty."""
-        args = new_args("PJRT_Executable_GetCostAnalysis_Args")
-        args.executable = self._handles()[1]
-        self._lib.call("PJRT_Executable_GetCostAnalysis", args)
+        args = self._invoke("PJRT_Executable_GetCostAnalysis")
         return decode_named_values(args.properties, args.num_properties)
 
     @property
     def addressable_devices(self) -> list[Device]:
         """The devices this executable runs on, in the order execute() takes argument lists."""
         if self._addressable is None:
-            args = new_args("PJRT_LoadedExecutable_AddressableDevices_Args")
-            args.executable = self._handles()[0]
-            self._lib.call("PJRT_LoadedExecutable_AddressableDevices", args)
+            args = self._lib.invoke("PJRT_LoadedExecutable_AddressableDevices", executable=self._handles()[0])
             self._addressable = [
                 self._client._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
             ]
@@ -272,15 +248,11 @@ class Executable:
     def optimized_program(self) -> tuple[str, bytes]:
         """``(format, code)`` of the optimized program, e.g. ``"hlo_with_config"`` and its bytes."""
         program = new_args("PJRT_Program")
-        args = new_args("PJRT_Executable_OptimizedProgram_Args")
-        args.executable = self._handles()[1]
-        args.program = program
-        self._lib.call("PJRT_Executable_OptimizedProgram", args)
-        code = ffi.new("char[]", max(1, int(program.code_size)))
+        args = self._lib.invoke("PJRT_Executable_OptimizedProgram", executable=self._handles()[1], program=program)
+        code = ffi.new("char[]", max(1, int(program.code_size)))  # the second call fills it
         program.code = code
         self._lib.call("PJRT_Executable_OptimizedProgram", args)
-        fmt = ffi.unpack(program.format, program.format_size).decode() if program.format != ffi.NULL else ""
-        return fmt, ffi.unpack(code, program.code_size)
+        return unpack_text(program.format, program.format_size), ffi.unpack(code, program.code_size)
 
     def optimized_hlo_module(self) -> bytes:
         """The optimized program as a serialized ``xla.HloModuleProto`` (e.g. for jaxlib's ``HloModule``).
@@ -309,9 +281,7 @@ class Executable:
 
     def serialize(self) -> bytes:
         """Plugin-specific bytes for :meth:`Client.deserialize_executable` (same plugin build)."""
-        args = new_args("PJRT_Executable_Serialize_Args")
-        args.executable = self._handles()[1]
-        self._lib.call("PJRT_Executable_Serialize", args)
+        args = self._invoke("PJRT_Executable_Serialize")
         try:
             return ffi.unpack(args.serialized_bytes, args.serialized_bytes_size)
         finally:

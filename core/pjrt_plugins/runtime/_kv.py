@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from ._cdef import ffi
+from ._cdef import ffi, field_end
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +37,9 @@ class KeyValueStore(Protocol):
         """Store ``value`` under ``key``."""
 
 
-def _field_end(struct: str, field: str) -> int:
-    ctype = ffi.typeof(struct)
-    for name, item in ctype.fields:
-        if name == field:
-            return item.offset + ffi.sizeof(item.type)
-    raise KeyError(field)
-
-
 # A plugin older than our header passes a smaller args struct: touch only fields inside it.
 _END = {
-    struct: {name: _field_end(struct, name) for name, _ in ffi.typeof(struct).fields}
+    struct: {name: field_end(struct, name) for name, _ in ffi.typeof(struct).fields}
     for struct in (
         "PJRT_KeyValueGetCallback_Args",
         "PJRT_KeyValueTryGetCallback_Args",

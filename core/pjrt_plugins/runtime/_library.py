@@ -45,7 +45,8 @@ def new_args(struct: str) -> Any:
     """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE).
 
     For raw calls: ``args = new_args("PJRT_Buffer_Dimensions_Args")``, fill it (e.g.
-    ``args.buffer = buffer.c_pointer()``), then ``library.call("PJRT_Buffer_Dimensions", args)``.
+    ``args.buffer = buffer.c_pointer()``), then ``library.call("PJRT_Buffer_Dimensions", args)``;
+    or let :meth:`Library.invoke` make it: ``library.invoke("PJRT_Buffer_Dimensions", buffer=...)``.
     """
     ctype = _ctypes.get(struct)
     if ctype is None:
@@ -73,6 +74,13 @@ def scratch_args(struct: str) -> Any:
     if args is None:
         args = cache[struct] = new_args(struct)
     return args
+
+
+def unpack_text(pointer: Any, size: int) -> str:
+    """A plugin-owned ``char*`` of ``size`` bytes as str ("" for NULL; bad UTF-8 replaced)."""
+    if pointer == ffi.NULL:
+        return ""
+    return ffi.unpack(pointer, size).decode("utf-8", "replace")
 
 
 def version_text(version: tuple[int, int]) -> str:
@@ -169,14 +177,12 @@ class Library:
             )
         library = cls(path, handle, api)
         library._check_version()
-        for name in _ERROR_FUNCTIONS:
-            try:
-                library._fn(name)
-            except UnsupportedFunctionError as exc:
-                raise LibraryLoadError(f"{path!r} cannot report errors: {exc}") from None
-        library._error_message = library._fn("PJRT_Error_Message")
-        library._error_get_code = library._fn("PJRT_Error_GetCode")
-        library._error_destroy = library._fn("PJRT_Error_Destroy")
+        try:
+            library._error_destroy, library._error_message, library._error_get_code = map(
+                library._fn, _ERROR_FUNCTIONS
+            )
+        except UnsupportedFunctionError as exc:
+            raise LibraryLoadError(f"{path!r} cannot report errors: {exc}") from None
         logger.debug(
             "opened PJRT plugin %s (API %s, %d-byte table)", path, version_text(library.api_version), size
         )
@@ -279,6 +285,20 @@ class Library:
         if err:
             raise self.error_to_exception(err, name)
 
+    def invoke(self, name: str, **fields: Any) -> Any:
+        """:meth:`call` ``name`` with a fresh args struct holding ``fields``; returns the struct to
+        read the results from: ``lib.invoke("PJRT_Buffer_Device", buffer=ptr).device``.
+
+        The struct type comes from the slot table, so it always matches the function. Hot
+        paths fill (and reuse) their own structs and use :meth:`call`.
+        """
+        self._fn(name)  # an unknown or unsupported function raises before a struct is made for it
+        args = new_args(_cdef.SLOTS_BY_NAME[name].args)
+        for field, value in fields.items():
+            setattr(args, field, value)
+        self.call(name, args)
+        return args
+
     def error_to_exception(self, err: Any, function: str | None = None) -> PjrtError:
         """Read a PJRT_Error's code and message, destroy it, and return the exception."""
         code, message = 2, "(the plugin gave no message)"
@@ -323,30 +343,22 @@ class Library:
             return
         if args is None:
             args = new_args("PJRT_Event_Await_Args")
-        args.event = event
+        if destroy_args is None:
+            destroy_args = new_args("PJRT_Event_Destroy_Args")
+        args.event = destroy_args.event = event
         try:
             err = (self._fns.get("PJRT_Event_Await") or self._fn("PJRT_Event_Await"))(args)
+            if err:  # read and destroyed before the event, so a failing Event_Destroy cannot leak it
+                raise self.error_to_exception(err, function)
         finally:
-            if destroy_args is None:
-                self.destroy_event(event)
-            else:
-                destroy_args.event = event
-                self.call("PJRT_Event_Destroy", destroy_args)
-        if err:
-            raise self.error_to_exception(err, function)
+            self.call("PJRT_Event_Destroy", destroy_args)
 
+    # event_is_ready and destroy_event run on every upload: filled by hand, not through invoke().
     def event_is_ready(self, event: Any) -> bool:
         args = new_args("PJRT_Event_IsReady_Args")
         args.event = event
         self.call("PJRT_Event_IsReady", args)
         return bool(args.is_ready)
-
-    def event_error(self, event: Any, function: str) -> PjrtError | None:
-        """The error a ready event carries (its PJRT_Error destroyed), or None."""
-        args = new_args("PJRT_Event_Error_Args")
-        args.event = event
-        err = self._fn("PJRT_Event_Error")(args)
-        return self.error_to_exception(err, function) if err else None
 
     def destroy_event(self, event: Any) -> None:
         args = new_args("PJRT_Event_Destroy_Args")
@@ -391,7 +403,7 @@ class Library:
             if not self.has_function("PJRT_Plugin_Initialize"):
                 logger.debug("%s has no PJRT_Plugin_Initialize; nothing to run", self.name)
             else:
-                self.call("PJRT_Plugin_Initialize", new_args("PJRT_Plugin_Initialize_Args"))
+                self.invoke("PJRT_Plugin_Initialize")
         except BaseException as exc:  # handed to the waiting thread, never lost
             self._init_outcome = exc
         finally:
@@ -408,8 +420,7 @@ class Library:
             if not self.has_function("PJRT_Plugin_Attributes"):
                 self._attributes = {}
             else:
-                args = new_args("PJRT_Plugin_Attributes_Args")
-                self.call("PJRT_Plugin_Attributes", args)
+                args = self.invoke("PJRT_Plugin_Attributes")
                 self._attributes = decode_named_values(args.attributes, args.num_attributes)
         return dict(self._attributes)
 
@@ -418,9 +429,9 @@ class Library:
     @property
     def extensions(self) -> list[tuple[int, str]]:
         """``[(type id, name)]`` of the plugin's extension chain (bounded, cycle-safe)."""
-        return [(kind, name) for kind, name, _ in self._walk_extensions()]
+        return list(self._walk_extensions())
 
-    def _walk_extensions(self) -> Iterator[tuple[int, str, Any]]:
+    def _walk_extensions(self) -> Iterator[tuple[int, str]]:
         base_size = STRUCT_SIZE["PJRT_Extension_Base"]
         seen: set[int] = set()
         node = self._api.extension_start
@@ -444,7 +455,7 @@ class Library:
                 )
                 return
             kind = int(ffi.cast("int", node.type))
-            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}"), node
+            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}")
             node = node.next
 
     def __repr__(self) -> str:

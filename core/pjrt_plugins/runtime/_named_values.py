@@ -12,12 +12,6 @@ from typing import Any
 from ..options import NamedValue, OptionType
 from ._cdef import STRUCT_SIZE, ffi
 
-_KIND_STRING = 0
-_KIND_INT64 = 1
-_KIND_INT64_LIST = 2
-_KIND_FLOAT = 3
-_KIND_BOOL = 4
-
 
 class EncodedNamedValues:
     """A ``PJRT_NamedValue[]`` plus the memory its pointers refer to."""
@@ -77,15 +71,15 @@ def decode_named_values(array: Any, count: int) -> dict[str, Any]:
         kind = int(ffi.cast("int", item.type))
         size = int(item.value_size)
         value: Any
-        if kind == _KIND_STRING:
+        if kind == OptionType.STRING:
             value = ffi.unpack(item.string_value, size).decode("utf-8", "replace") if size else ""
-        elif kind == _KIND_INT64:
+        elif kind == OptionType.INT64:
             value = int(item.int64_value)
-        elif kind == _KIND_INT64_LIST:
+        elif kind == OptionType.INT64_LIST:
             value = tuple(ffi.unpack(item.int64_array_value, size)) if size else ()
-        elif kind == _KIND_FLOAT:
+        elif kind == OptionType.FLOAT:
             value = float(item.float_value)
-        elif kind == _KIND_BOOL:
+        elif kind == OptionType.BOOL:
             value = bool(item.bool_value)
         else:
             value = f"<unknown named-value type {kind}>"

@@ -6,7 +6,8 @@ of a message. No schema, no dependency; the tests check results with jaxlib's pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 VARINT = 0
 FIXED64 = 1
@@ -45,7 +46,7 @@ def packed_ints(number: int, values: Sequence[int]) -> bytes:
     return message_field(number, b"".join(varint(int(v)) for v in values))
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(data):
@@ -58,54 +59,47 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def length_delimited_fields(data: bytes, number: int) -> list[bytes]:
-    """Every length-delimited field ``number`` of a serialized message, in order."""
-    found: list[bytes] = []
+def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """``(number, wire type, value)`` of each field of a serialized message, in order: an int
+    for a varint, a memoryview for a length-delimited field, None for a fixed-width one."""
+    view = memoryview(data)
     pos = 0
-    while pos < len(data):
-        tag, pos = _read_varint(data, pos)
-        field, wire = tag >> 3, tag & 7
+    while pos < len(view):
+        tag, pos = _read_varint(view, pos)
+        number, wire = tag >> 3, tag & 7
+        value: Any = None
         if wire == VARINT:
-            _, pos = _read_varint(data, pos)
+            value, pos = _read_varint(view, pos)
         elif wire == FIXED64:
             pos += 8
         elif wire == FIXED32:
             pos += 4
         elif wire == LENGTH_DELIMITED:
-            size, pos = _read_varint(data, pos)
-            if field == number:
-                found.append(data[pos : pos + size])
-            pos += size
+            size, pos = _read_varint(view, pos)
+            value, pos = view[pos : pos + size], pos + size
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
-    if pos != len(data):
-        raise ValueError("truncated protobuf message")
-    return found
+        if pos > len(view):
+            raise ValueError("truncated protobuf message")
+        yield number, wire, value
+
+
+def length_delimited_fields(data: bytes, number: int) -> list[bytes]:
+    """Every length-delimited field ``number`` of a serialized message, in order."""
+    return [bytes(value) for field, wire, value in _fields(data) if field == number and wire == LENGTH_DELIMITED]
 
 
 def varint_fields(data: bytes, number: int) -> list[int]:
     """Every varint field ``number`` of a message, packed or not, in order."""
     found: list[int] = []
-    pos = 0
-    while pos < len(data):
-        tag, pos = _read_varint(data, pos)
-        field, wire = tag >> 3, tag & 7
+    for field, wire, value in _fields(data):
+        if field != number:
+            continue
         if wire == VARINT:
-            value, pos = _read_varint(data, pos)
-            if field == number:
-                found.append(value)
-        elif wire == FIXED64:
-            pos += 8
-        elif wire == FIXED32:
-            pos += 4
-        elif wire == LENGTH_DELIMITED:
-            size, pos = _read_varint(data, pos)
-            if field == number:  # packed repeated varints
-                end, inner = pos + size, pos
-                while inner < end:
-                    value, inner = _read_varint(data, inner)
-                    found.append(value)
-            pos += size
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
+            found.append(value)
+        elif wire == LENGTH_DELIMITED:  # packed repeated varints
+            pos = 0
+            while pos < len(value):
+                item, pos = _read_varint(value, pos)
+                found.append(item)
     return found
