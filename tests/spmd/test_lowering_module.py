@@ -131,6 +131,19 @@ def test_unsupported_op_raises_an_error_naming_it():
     assert isinstance(info.value, NotImplementedError)
 
 
+def test_an_explicit_generator_is_refused_by_the_lowering_too():
+    # The tracer refuses generator= first; a graph built elsewhere must not silently ignore one.
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(4, device="meta")
+    y = g.call_function(aten.uniform.default, (x,), {"generator": torch.Generator()})
+    y.meta["val"] = torch.empty(4, device="meta")
+    g.output((y,))
+    with pytest.raises(UnsupportedOpError, match="torch.Generator") as info:
+        lower_graph(g, LoweringOptions())
+    assert info.value.op == "aten.uniform.default"
+
+
 def test_metadata_mismatch_is_reported_not_silently_lowered():
     g = fx.Graph()
     x = g.placeholder("x")

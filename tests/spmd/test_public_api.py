@@ -58,7 +58,9 @@ def test_metrics_through_the_public_names(engine):
 
 
 def test_importing_spmd_does_not_load_the_engine():
-    code = "import sys, pjrt_plugins.spmd; print('jaxlib' in sys.modules, 'pjrt_plugins.spmd._lazy' in sys.modules)"
+    # torch.manual_seed reaches the pjrt device module too; it must not load the engine either.
+    code = ("import sys, torch, pjrt_plugins.spmd; torch.manual_seed(0); torch.pjrt.synchronize(); "
+            "print('jaxlib' in sys.modules, 'pjrt_plugins.spmd._lazy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Mapping
@@ -74,9 +75,9 @@ class _PjrtBackendModule:
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
-        """Run pending work (``xs.sync()`` once the execution engine exists)."""
-        lazy = _lazy_module()
-        if lazy is not None and hasattr(lazy, "sync"):
+        """Run pending work (``xs.sync()``); with the engine not yet loaded nothing can be pending."""
+        lazy = _lazy_module(load=False)
+        if lazy is not None:
             lazy.sync()
 
 
@@ -143,13 +144,17 @@ def _empty_strided(
     return _new_empty(size, dtype, layout, device)
 
 
+def _check_factory_target(device: Any, layout: Any) -> None:
+    check_torch_device(device)
+    if layout not in (None, torch.strided):
+        raise NotImplementedError(f"the pjrt device holds dense (strided) tensors only, not {layout}")
+
+
 def _new_empty(size: Any, dtype: Any, layout: Any, device: Any) -> torch.Tensor:
     from ._data import TensorData
     from .tensor import wrap
 
-    check_torch_device(device)
-    if layout not in (None, torch.strided):
-        raise NotImplementedError(f"the pjrt device holds dense (strided) tensors only, not {layout}")
+    _check_factory_target(device, layout)
     return wrap(TensorData.empty(tuple(size), dtype or torch.get_default_dtype()))
 
 
@@ -184,9 +189,7 @@ def _host_factory(name: str) -> Any:
         from ._data import TensorData
         from .tensor import to_cpu, wrap
 
-        check_torch_device(kwargs.get("device"))
-        if kwargs.get("layout") not in (None, torch.strided):
-            raise NotImplementedError(f"the pjrt device holds dense (strided) tensors only, not {kwargs['layout']}")
+        _check_factory_target(kwargs.get("device"), kwargs.get("layout"))
         # linspace/logspace take their ends as 0-d tensors too, which may be pjrt tensors
         args = tuple(to_cpu(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE else a for a in args)
         values = op(*args, **{**kwargs, "device": torch.device("cpu"), "pin_memory": False})
@@ -346,11 +349,6 @@ def _replace_current() -> None:
     _current = None
 
 
-def current_generation() -> int:
-    """Generation number of the virtual device (bumped when it is replaced)."""
-    return _generation
-
-
 def peek_virtual_device() -> VirtualDevice | None:
     """The virtual device if it already exists (never opens a plugin)."""
     return _current
@@ -394,11 +392,15 @@ def _create() -> VirtualDevice:
 
 
 def set_seed(seed: int) -> None:
-    """Remember the RNG seed (``torch.manual_seed`` calls this) and tell the execution engine."""
+    """Remember the RNG seed (``torch.manual_seed`` calls this) and tell the execution engine.
+
+    An engine not loaded yet is not loaded for this (it costs seconds): it starts from
+    ``torch.initial_seed()`` when it is.
+    """
     global _seed
     _seed = int(seed)
-    lazy = _lazy_module()
-    if lazy is not None and hasattr(lazy, "manual_seed"):
+    lazy = _lazy_module(load=False)
+    if lazy is not None:
         lazy.manual_seed(_seed)
 
 
@@ -411,11 +413,16 @@ _MISSING = object()
 _lazy_cache: Any = _MISSING
 
 
-def _lazy_module() -> Any:
-    """``pjrt_plugins.spmd._lazy`` if it exists (the execution engine), else ``None`` (looked up once)."""
+def _lazy_module(*, load: bool = True) -> Any:
+    """``pjrt_plugins.spmd._lazy`` if it exists (the execution engine), else ``None`` (looked up once).
+
+    ``load=False``: only if it is imported already (importing it loads jaxlib's MLIR).
+    """
     global _lazy_cache
     if _lazy_cache is _MISSING:
         name = f"{__package__}._lazy"
+        if not load:
+            return sys.modules.get(name)
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

@@ -151,17 +151,7 @@ def _transfer_totals() -> tuple[int, int]:
     return c.total_uploaded, c.total_downloaded
 
 
-_counters: _Counters | None = None
-_counters_lock = threading.Lock()
-
-
-def _metrics() -> _Counters:
-    global _counters
-    if _counters is None:
-        with _counters_lock:
-            if _counters is None:
-                _counters = _Counters()
-    return _counters
+_counters = _Counters()
 
 
 def metrics() -> Metrics:
@@ -177,7 +167,7 @@ def metrics() -> Metrics:
         m = xs.metrics()
         m.compiles, m.cache_hits, m.executions   # (1, 9, 10)
     """
-    return _metrics().snapshot()
+    return _counters.snapshot()
 
 
 def reset_metrics() -> None:
@@ -190,7 +180,7 @@ def reset_metrics() -> None:
         xs.reset_metrics()
         xs.metrics().executions   # 0
     """
-    _metrics().reset()
+    _counters.reset()
 
 
 def metrics_report() -> str:
@@ -209,11 +199,11 @@ def metrics_report() -> str:
 
 def count(name: str, amount: float = 1) -> None:
     """Add to one counter (used by the lazy tracer)."""
-    _metrics().add(name, amount)
+    _counters.add(name, amount)
 
 
 def count_fallback(op: str) -> None:
-    _metrics().add_fallback(op)
+    _counters.add_fallback(op)
 
 
 # =====================================================================================
@@ -225,18 +215,21 @@ def count_fallback(op: str) -> None:
 class CompiledProgram:
     """A compiled graph: the executable and what goes in and out of it.
 
-    ``input_shardings`` are the shardings the graph's inputs must have (one per
-    placeholder, then the RNG key if ``lowered.uses_rng``); ``output_shardings`` are
-    the ones the partitioner chose for the outputs.
+    ``output_shardings`` are the shardings the partitioner chose for the outputs; the
+    inputs' are ``lowered.input_shardings``.
     """
 
     key: str
     lowered: LoweredModule
     executable: Any
-    input_shardings: list[ShardingSpec]
     output_shardings: list[ShardingSpec]
     device_order: list[int]  # ordinal of the device at each position of executable.addressable_devices
     from_disk: bool = False
+
+    @property
+    def num_inputs(self) -> int:
+        """One per placeholder of the graph, then the RNG key if ``uses_rng``."""
+        return len(self.lowered.input_shardings)
 
     @property
     def uses_rng(self) -> bool:
@@ -482,10 +475,9 @@ def _finish_program(key: str, lowered: LoweredModule, exe: Any, vd: Any, from_di
     n_out = len(lowered.output_shapes)
     if output_shardings is None:
         output_shardings = read_output_shardings(exe, n_out, lowered.num_partitions)
-    input_shardings = [parse_sharding(s) if s is not None else ShardingSpec.replicated() for s in lowered.input_shardings]
     position = {int(d.id): i for i, d in enumerate(vd.devices)}
     order = [position[int(d.id)] for d in exe.addressable_devices]
-    return CompiledProgram(key, lowered, exe, input_shardings, output_shardings, order, from_disk)
+    return CompiledProgram(key, lowered, exe, output_shardings, order, from_disk)
 
 
 def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> list[ShardingSpec]:
@@ -616,16 +608,13 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], v
     vd = vd if vd is not None else _virtual_device()
     n_dev = len(vd.devices)
     columns = [list(col) for col in inputs]
-    expected = len(program.input_shardings) - (1 if program.uses_rng else 0)
+    expected = program.num_inputs - (1 if program.uses_rng else 0)
     if len(columns) != expected:
         raise LoweringError(f"internal: the program takes {expected} inputs, got {len(columns)}")
     if program.uses_rng:
-        from ._transfer import record_upload
+        from ._transfer import upload_host_tensor
 
-        key = next_rng_key()
-        columns.append([vd.client.buffer_from_host(key, device=vd.devices[d]) for d in range(n_dev)])
-        for d in range(n_dev):
-            record_upload(d, key.nbytes)
+        columns.append(upload_host_tensor(torch.from_numpy(next_rng_key()), None, vd))
     for i, col in enumerate(columns):
         if len(col) != n_dev or any(b is None for b in col):
             raise LoweringError(f"internal: input {i} is not on every device")

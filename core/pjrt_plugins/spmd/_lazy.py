@@ -24,9 +24,18 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..errors import CpuFallbackWarning, UnsupportedOpError, VirtualDeviceError
-from . import _executor
+from . import _executor, _transfer
 from ._data import TensorData, TensorState
-from ._lowering import ScalarSlot, decomposition_for, functional_variant, has_lowering, is_inplace, op_name
+from ._device import TORCH_DEVICE, virtual_device
+from ._lowering import (
+    ScalarSlot,
+    decomposition_for,
+    functional_variant,
+    has_lowering,
+    is_inplace,
+    op_name,
+    refuse_generator,
+)
 from ._sharding import ShardingSpec
 
 logger = logging.getLogger(__name__)
@@ -180,8 +189,6 @@ def _map_args(fn: Any, value: Any) -> Any:
 
 def _input_node(trace: _Trace, data: TensorData) -> fx.Node:
     """The placeholder for a HOST or DEVICE ``data`` (uploading HOST data now, with its annotation)."""
-    from . import _transfer
-
     if data.state is TensorState.HOST:
         _transfer.upload(data, data.annotation)
     _transfer.check_current(data)
@@ -232,8 +239,6 @@ def _unwritten_node(data: TensorData) -> fx.Node:
 
     ``torch.randn(..., device="pjrt")`` is ``empty`` + ``normal_``, which overwrites them anyway.
     """
-    from ._device import TORCH_DEVICE
-
     zeros = _record(aten.zeros.default, (list(data.shape),), {"dtype": data.dtype, "device": TORCH_DEVICE})
     return zeros._pjrt_data.lazy.node
 
@@ -266,9 +271,7 @@ def _meta_kwargs(kwargs: dict) -> dict:
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``func(*args, **kwargs)`` on pjrt tensors; returns pjrt tensors holding pending values."""
     kwargs = kwargs or {}
-    if kwargs.get("generator") is not None:
-        raise UnsupportedOpError(op_name(func), f"{op_name(func)} with an explicit torch.Generator is not supported on "
-                                 "the pjrt device; seed with torch.manual_seed() instead")
+    refuse_generator(func, kwargs)
     if "out" in kwargs and isinstance(func, torch._ops.OpOverload):
         raise UnsupportedOpError(op_name(func), f"{op_name(func)} writes into an out= tensor, which the pjrt device does "
                                  "not support (its size cannot change); use the functional form, or create the "
@@ -645,8 +648,6 @@ def _scalar_buffers(values: list[float], vd: Any) -> list[Any]:
     """The replicated float64 buffers holding ``values``; a step whose scalars did not change (a constant
     learning rate) reuses the last ones, since programs never write their inputs."""
     global _last_scalars
-    from . import _transfer
-
     key = tuple(values)
     last = _last_scalars
     if last is not None and last[0] == key and last[1] == vd.generation:
@@ -687,9 +688,6 @@ def _execute(trace: _Trace) -> None:
     constraints = tuple(sorted((n.meta["idx"], n.meta["sharding"].to_hlo()) for n in graph.nodes
                                if n.op != "placeholder" and n.meta.get("sharding") is not None))
     signature = (tuple(trace.signature), tuple(n.meta["idx"] for n in nodes), constraints, len(trace.scalars))
-    from . import _transfer
-    from ._device import virtual_device
-
     vd = virtual_device()
     columns = []
     # Placeholders were created in this order, which is the graph's (and the module's) argument order.

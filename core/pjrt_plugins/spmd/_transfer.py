@@ -116,16 +116,6 @@ def reset_transfer_counters() -> None:
         _counters.reset()
 
 
-def record_upload(ordinal: int, nbytes: int) -> None:
-    """Count a host-to-device transfer made outside this module (the execution engine's constants)."""
-    _counters.add_upload(ordinal, nbytes)
-
-
-def record_download(ordinal: int, nbytes: int) -> None:
-    """Count a device-to-host transfer made outside this module."""
-    _counters.add_download(ordinal, nbytes)
-
-
 # -- upload ------------------------------------------------------------------------------
 
 

@@ -355,8 +355,7 @@ def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
         rest[0] = value.host
     assert data.host is not None
     getattr(data.host, func.overloadpacket.__name__)(*rest, **kwargs)
-    data.version += 1
-    data.uninitialized = False
+    data.set_host(data.host, copy=False)  # new contents: a new version, no longer uninitialized
     return args[0]
 
 
@@ -405,18 +404,11 @@ def _route_to_engine(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
 
 # -- annotation --------------------------------------------------------------------------------
 
-def _as_mesh(mesh: Mesh | Sequence[int], vd: _device.VirtualDevice) -> Mesh:
+def _as_mesh(mesh: Mesh | Sequence[int]) -> Mesh:
     if isinstance(mesh, Mesh):
         return mesh
     if isinstance(mesh, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in mesh):
-        # The RFC's form: a mesh shape over all devices, in ordinal order.
-        size = math.prod(mesh)
-        if size != vd.num_devices:
-            raise ShardingError(
-                f"mesh shape {tuple(mesh)} covers {size} devices but the virtual device stands for "
-                f"{vd.num_devices} ({_plugin_label(vd)}); the mesh must cover every device"
-            )
-        return Mesh(range(size), tuple(mesh))
+        return Mesh(range(math.prod(mesh)), tuple(mesh))  # the RFC's form: a mesh shape, ids in ordinal order
     raise TypeError(f"mark_sharding expects a Mesh or a mesh shape (tuple of ints), got {mesh!r}")
 
 
@@ -461,11 +453,11 @@ def mark_sharding(
             "mark_sharding needs SPMD mode, which is off (XLA_USE_SPMD=0): the virtual device is a single "
             "device. Call pjrt_plugins.spmd.use_spmd() or set XLA_USE_SPMD=1 before using the pjrt device."
         )
-    mesh = _as_mesh(mesh, vd)
+    mesh = _as_mesh(mesh)
     if mesh.size() != vd.num_devices:
         raise ShardingError(
-            f"{mesh!r} covers {mesh.size()} devices but the virtual device stands for {vd.num_devices} "
-            f"({_plugin_label(vd)}); build the mesh over all {vd.num_devices} devices"
+            f"mesh shape {mesh.mesh_shape} covers {mesh.size()} devices but the virtual device stands for "
+            f"{vd.num_devices} ({_plugin_label(vd)}); build the mesh over all {vd.num_devices} devices"
         )
     spec = mesh.get_op_sharding(partition_spec, rank=t.dim())
     spec.check_devices(vd.device_ids)
@@ -483,10 +475,7 @@ def mark_sharding(
     data.annotation = spec
     data.mark = (mesh, tuple(partition_spec))
     if data.state is TensorState.LAZY:
-        engine = _device._lazy_module()
-        hook = getattr(engine, "on_mark_sharding", None)
-        if hook is not None:
-            hook(data)
+        _device._lazy_module().on_mark_sharding(data)  # pending values exist only where the engine does
     else:
         _transfer.upload(data, spec)
     logger.debug("marked %r", data)

@@ -13,7 +13,7 @@ from . import _elementwise, _factories, _indexing, _linalg, _random, _reductions
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._module import RNG_KEY_DTYPE, RNG_KEY_SHAPE, LoweredModule, lower_graph, sharding_string, target_version
-from ._table import LOWERINGS, RANDOM_OPS, op_name
+from ._table import LOWERINGS, RANDOM_OPS, op_name, refuse_generator
 
 
 def has_lowering(op: Any) -> bool:
@@ -41,6 +41,7 @@ __all__ = [
     "is_inplace",
     "lower_graph",
     "op_name",
+    "refuse_generator",
     "sharding_string",
     "supported_ops",
     "target_version",

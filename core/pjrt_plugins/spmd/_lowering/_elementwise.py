@@ -58,24 +58,22 @@ def _arith(em: Emitter, out: torch.Tensor, fn: Any, *xs: Operand) -> TensorValue
 # -- arithmetic --------------------------------------------------------------------------
 
 
-@lowers(aten.add.Tensor, aten.add.Scalar)
-def _add(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, alpha: Any = 1) -> TensorValue:
-    def fn(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
-        if alpha != 1:
-            b = em.mul(b, em.constant(alpha, b.dtype, b.shape))
-        return em.add(a, b)
+def _with_alpha(combine: Any) -> Any:
+    """``combine(a, alpha * b)``, torch's add/sub."""
 
-    return _arith(em, out, fn, a, b)
+    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, alpha: Any = 1) -> TensorValue:
+        def fn(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+            if alpha != 1:
+                b = em.mul(b, em.constant(alpha, b.dtype, b.shape))
+            return combine(em, a, b)
+
+        return _arith(em, out, fn, a, b)
+
+    return lower
 
 
-@lowers(aten.sub.Tensor, aten.sub.Scalar)
-def _sub(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, alpha: Any = 1) -> TensorValue:
-    def fn(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
-        if alpha != 1:
-            b = em.mul(b, em.constant(alpha, b.dtype, b.shape))
-        return em.sub(a, b)
-
-    return _arith(em, out, fn, a, b)
+lowers(aten.add.Tensor, aten.add.Scalar)(_with_alpha(Emitter.add))
+_sub = lowers(aten.sub.Tensor, aten.sub.Scalar)(_with_alpha(Emitter.sub))
 
 
 @lowers(aten.rsub.Scalar, aten.rsub.Tensor)
@@ -139,11 +137,6 @@ def _remainder(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> Tensor
     return _arith(em, out, fn, a, b)
 
 
-@lowers(aten.fmod.Tensor, aten.fmod.Scalar)
-def _fmod(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    return _arith(em, out, lambda em, a, b: em.binary(hlo.remainder, a, b), a, b)
-
-
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def _pow(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
     if isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(a, TensorValue):
@@ -162,19 +155,19 @@ def _pow(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
     return _arith(em, out, lambda em, a, b: em.binary(hlo.power, a, b), a, b)
 
 
-@lowers(aten.maximum.default)
-def _maximum(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    return _arith(em, out, Emitter.maximum, a, b)
+def _binary(fn: Any) -> Any:
+    """``fn(em, a, b)`` in the compute dtype (see :func:`_arith`)."""
+
+    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
+        return _arith(em, out, fn, a, b)
+
+    return lower
 
 
-@lowers(aten.minimum.default)
-def _minimum(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    return _arith(em, out, Emitter.minimum, a, b)
-
-
-@lowers(aten.atan2.default)
-def _atan2(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    return _arith(em, out, lambda em, a, b: em.binary(hlo.atan2, a, b), a, b)
+lowers(aten.maximum.default)(_binary(Emitter.maximum))
+lowers(aten.minimum.default)(_binary(Emitter.minimum))
+lowers(aten.atan2.default)(_binary(lambda em, a, b: em.binary(hlo.atan2, a, b)))
+lowers(aten.fmod.Tensor, aten.fmod.Scalar)(_binary(lambda em, a, b: em.binary(hlo.remainder, a, b)))  # sign of a
 
 
 def _bitwise(fn: Any) -> Any:
@@ -313,18 +306,17 @@ for _op, _fn in _FLOAT_UNARY.items():
     lowers(_op)(_float_unary(_fn))
 
 
-@lowers(aten.log2.default)
-def _log2(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    y = em.unary(hlo.log, em.convert(x, cdt))
-    return em.convert(em.div(y, em.constant(math.log(2.0), cdt, y.shape)), out.dtype)
+def _log_base(base: float) -> Any:
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+        cdt = compute_dtype(out.dtype)
+        y = em.unary(hlo.log, em.convert(x, cdt))
+        return em.convert(em.div(y, em.constant(math.log(base), cdt, y.shape)), out.dtype)
+
+    return lower
 
 
-@lowers(aten.log10.default)
-def _log10(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    y = em.unary(hlo.log, em.convert(x, cdt))
-    return em.convert(em.div(y, em.constant(math.log(10.0), cdt, y.shape)), out.dtype)
+lowers(aten.log2.default)(_log_base(2.0))
+lowers(aten.log10.default)(_log_base(10.0))
 
 
 @lowers(aten.exp2.default)

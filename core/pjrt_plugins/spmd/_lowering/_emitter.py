@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError
-from ._mlir import is_float, is_unsigned, splat_attr, tensor_type
+from ._mlir import is_unsigned, splat_attr, tensor_type
 
 RNG_ALGORITHMS = {"default": "DEFAULT", "three_fry": "THREE_FRY", "philox": "PHILOX"}
 
@@ -253,7 +253,7 @@ class Emitter:
         """Elementwise comparison (``EQ``, ``NE``, ``LT``, ``LE``, ``GT``, ``GE``) giving a bool tensor."""
         shape = tuple(torch.broadcast_shapes(a.shape, b.shape))
         a, b = self.broadcast_to(a, shape), self.broadcast_to(b, shape)
-        if is_float(a.dtype):
+        if a.dtype.is_floating_point:
             kind = "FLOAT"
         elif is_unsigned(a.dtype) or a.dtype == torch.bool:
             kind = "UNSIGNED"
@@ -398,9 +398,6 @@ class Emitter:
         floats = self.bitcast(with_exp, fdt)
         u = self.sub(floats, self.constant(1.0, fdt, raw.shape))
         return self.convert(u, dtype)
-
-    def set_rng_state(self, state: ir.Value | None) -> None:
-        self._rng_state = state
 
 
 def lowest(dtype: torch.dtype) -> Scalar:

@@ -40,24 +40,15 @@ def _scalar_tensor(em: Emitter, out: torch.Tensor, value: Operand, **kwargs: Any
     return _fill(em, out, value)
 
 
-@lowers(aten.zeros.default, aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default)
+@lowers(aten.zeros.default, aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default,
+        aten.zeros_like.default, aten.empty_like.default, aten.new_zeros.default, aten.new_empty.default,
+        aten.new_empty_strided.default, aten.zero.default)
 def _zeros(em: Emitter, out: torch.Tensor, *args: Any, **kwargs: Any) -> TensorValue:
     return _fill(em, out, 0)
 
 
-@lowers(aten.zeros_like.default, aten.empty_like.default, aten.new_zeros.default, aten.new_empty.default,
-        aten.new_empty_strided.default)
-def _zeros_like(em: Emitter, out: torch.Tensor, *args: Any, **kwargs: Any) -> TensorValue:
-    return _fill(em, out, 0)
-
-
-@lowers(aten.ones.default)
+@lowers(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def _ones(em: Emitter, out: torch.Tensor, *args: Any, **kwargs: Any) -> TensorValue:
-    return _fill(em, out, 1)
-
-
-@lowers(aten.ones_like.default, aten.new_ones.default)
-def _ones_like(em: Emitter, out: torch.Tensor, *args: Any, **kwargs: Any) -> TensorValue:
     return _fill(em, out, 1)
 
 
@@ -93,8 +84,3 @@ def _fill_value(em: Emitter, out: torch.Tensor, x: TensorValue, value: Operand) 
     if isinstance(value, TensorValue):
         return em.broadcast_to(em.convert(em.reshape(value, ()), out.dtype), tuple(out.shape))
     return _fill(em, out, value)
-
-
-@lowers(aten.zero.default)
-def _zero(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    return _fill(em, out, 0)

@@ -129,40 +129,54 @@ def _embedding(em: Emitter, out: torch.Tensor, weight: TensorValue, indices: Ten
     return gather_along(em, weight, 0, indices)
 
 
-def _adjacent(positions: list[int]) -> bool:
-    return positions == list(range(positions[0], positions[0] + len(positions)))
-
-
-@lowers(aten.index.Tensor)
-def _index(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
-    """Advanced indexing with integer index tensors (boolean masks have data-dependent shapes)."""
+def _indexed_positions(op: str, indices: Sequence[TensorValue | None], mask_hint: str) -> list[int]:
+    """The dimensions ``indices`` index; a boolean mask (a data-dependent shape) is refused with ``mask_hint``."""
     positions = [i for i, t in enumerate(indices) if t is not None]
-    for i in positions:
-        if indices[i].dtype == torch.bool:
-            raise UnsupportedOpError("aten.index.Tensor", "indexing with a boolean mask gives a data-dependent shape, "
-                                     "which the pjrt device cannot compile; use torch.where or masked_fill instead")
-    if len(positions) == 1:
-        d = positions[0]
-        return em.reshape(gather_along(em, x, d, indices[d]), tuple(out.shape))
+    if any(indices[i].dtype == torch.bool for i in positions):
+        raise UnsupportedOpError(op, mask_hint)
+    return positions
+
+
+def _advanced_index(em: Emitter, x: TensorValue, indices: Sequence[TensorValue | None],
+                    positions: list[int]) -> tuple[TensorValue, tuple[int, ...], list[int]]:
+    """Gather/scatter geometry of ``x[indices]`` with several index tensors, numpy's rule.
+
+    Returns the start indices (``[*broadcast shape, len(positions)]``), the shape of the
+    indexed result and its window (non-indexed) dimensions: the broadcast index dimensions
+    replace adjacent indexed dimensions in place, and go first when those are apart.
+    """
     bshape = tuple(torch.broadcast_shapes(*(indices[i].shape for i in positions)))
     comps = [em.reshape(em.broadcast_to(_index_values(em, indices[i], x.shape[i]), bshape), bshape + (1,))
              for i in positions]
     starts = em.concatenate(comps, len(bshape))
     rest = [i for i in range(x.rank) if i not in positions]
-    if _adjacent(positions):
-        first = positions[0]
-        out_shape = x.shape[:first] + bshape + tuple(x.shape[i] for i in rest if i > first)
-        offset_dims = list(range(first)) + list(range(first + len(bshape), len(out_shape)))
+    first = positions[0]
+    if positions == list(range(first, first + len(positions))):
+        shape = x.shape[:first] + bshape + tuple(x.shape[i] for i in rest if i > first)
+        window = list(range(first)) + list(range(first + len(bshape), len(shape)))
     else:
-        out_shape = bshape + tuple(x.shape[i] for i in rest)
-        offset_dims = list(range(len(bshape), len(out_shape)))
+        shape = bshape + tuple(x.shape[i] for i in rest)
+        window = list(range(len(bshape), len(shape)))
+    return starts, shape, window
+
+
+@lowers(aten.index.Tensor)
+def _index(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    """Advanced indexing with integer index tensors (boolean masks have data-dependent shapes)."""
+    positions = _indexed_positions("aten.index.Tensor", indices, "indexing with a boolean mask gives a "
+                                   "data-dependent shape, which the pjrt device cannot compile; use torch.where or "
+                                   "masked_fill instead")
+    if len(positions) == 1:
+        d = positions[0]
+        return em.reshape(gather_along(em, x, d, indices[d]), tuple(out.shape))
+    starts, out_shape, offset_dims = _advanced_index(em, x, indices, positions)
     dnums = hlo.GatherDimensionNumbers.get(
         offset_dims=offset_dims,
         collapsed_slice_dims=positions,
         operand_batching_dims=[],
         start_indices_batching_dims=[],
         start_index_map=positions,
-        index_vector_dim=len(bshape),
+        index_vector_dim=starts.rank - 1,
     )
     slice_sizes = [1 if i in positions else s for i, s in enumerate(x.shape)]
     v = hlo.gather(x.value, starts.value, dnums, slice_sizes, indices_are_sorted=False,
@@ -173,28 +187,14 @@ def _index(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[Ten
 @lowers(aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None],
                values: Operand, accumulate: bool = False) -> TensorValue:
-    positions = [i for i, t in enumerate(indices) if t is not None]
-    for i in positions:
-        if indices[i].dtype == torch.bool:
-            raise UnsupportedOpError("aten.index_put.default", "index_put with a boolean mask is not supported on the "
-                                     "pjrt device; use torch.where instead")
+    positions = _indexed_positions("aten.index_put.default", indices, "index_put with a boolean mask is not "
+                                   "supported on the pjrt device; use torch.where instead")
     if not isinstance(values, TensorValue):
         values = em.constant(values, x.dtype)
     if len(positions) == 1:
         d = positions[0]
         return scatter_along(em, x, d, indices[d], values, accumulate)
-    bshape = tuple(torch.broadcast_shapes(*(indices[i].shape for i in positions)))
-    comps = [em.reshape(em.broadcast_to(_index_values(em, indices[i], x.shape[i]), bshape), bshape + (1,))
-             for i in positions]
-    starts = em.concatenate(comps, len(bshape))
-    rest = [i for i in range(x.rank) if i not in positions]
-    if _adjacent(positions):
-        first = positions[0]
-        upd_shape = x.shape[:first] + bshape + tuple(x.shape[i] for i in rest if i > first)
-        window = list(range(first)) + list(range(first + len(bshape), len(upd_shape)))
-    else:
-        upd_shape = bshape + tuple(x.shape[i] for i in rest)
-        window = list(range(len(bshape), len(upd_shape)))
+    starts, upd_shape, window = _advanced_index(em, x, indices, positions)
     upd = em.broadcast_to(em.convert(values, x.dtype), upd_shape)
     dnums = hlo.ScatterDimensionNumbers.get(
         update_window_dims=window,
@@ -202,7 +202,7 @@ def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence
         input_batching_dims=[],
         scatter_indices_batching_dims=[],
         scattered_dims_to_operand_dims=positions,
-        index_vector_dim=len(bshape),
+        index_vector_dim=starts.rank - 1,
     )
     op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
                        indices_are_sorted=False, unique_indices=False)

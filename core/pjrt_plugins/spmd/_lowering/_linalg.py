@@ -18,7 +18,7 @@ aten = torch.ops.aten
 
 def _matmul(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue) -> TensorValue:
     """a @ b for 1-D/2-D/3-D operands with one leading batch dimension at most."""
-    cdt = compute_dtype(out.dtype) if out.dtype in (torch.float16, torch.bfloat16) else out.dtype
+    cdt = compute_dtype(out.dtype)
     a, b = em.convert(a, cdt), em.convert(b, cdt)
     if a.rank == 3 and b.rank == 3:
         r = em.dot_general(a, b, ((2,), (1,)), ((0,), (0,)))

@@ -70,16 +70,8 @@ def tensor_type(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> ir.Ra
     return ir.RankedTensorType.get(list(shape), element_type(dtype))
 
 
-def is_float(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point
-
-
 def is_unsigned(dtype: torch.dtype) -> bool:
     return dtype in _UNSIGNED_BITS
-
-
-def is_integer(dtype: torch.dtype) -> bool:
-    return dtype in _SIGNED_BITS or dtype in _UNSIGNED_BITS
 
 
 def bit_width(dtype: torch.dtype) -> int:

@@ -24,7 +24,7 @@ from .._sharding import ShardingSpec
 from ._decompose import expand_graph
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
-from ._table import LOWERINGS, RANDOM_OPS, op_name
+from ._table import LOWERINGS, RANDOM_OPS, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     name = op_name(target)
     if fn is None:
         raise UnsupportedOpError(name)
+    refuse_generator(target, kwargs)
     out = node_value_meta(node)
     em.node = node
     try:

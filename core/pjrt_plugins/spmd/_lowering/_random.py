@@ -2,7 +2,7 @@
 
 Every random op draws bits from ``stablehlo.rng_bit_generator`` with the active plugin's
 ``rng_default()`` algorithm (seed 001), from the module's RNG key argument. Torch's
-``generator=`` argument is not supported (the key comes from torch's default generator).
+``generator=`` argument is refused before a lowering runs (``refuse_generator``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,6 @@ aten = torch.ops.aten
 
 def _float_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_generator(name: str, generator: Any) -> None:
-    if generator is not None:
-        raise UnsupportedOpError(name, f"{name} with an explicit torch.Generator is not supported on the pjrt device; "
-                                 "seed with torch.manual_seed() instead (the device key is drawn from torch's default "
-                                 "generator)")
 
 
 def uniform(em: Emitter, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0, high: float = 1.0) -> TensorValue:
@@ -56,39 +49,25 @@ def normal(em: Emitter, shape: Sequence[int], dtype: torch.dtype, mean: float = 
     return em.convert(n, dtype)
 
 
-@lowers(aten.rand.default, random=True)
-def _rand(em: Emitter, out: torch.Tensor, size: Any, *, generator: Any = None, **kwargs: Any) -> TensorValue:
-    _check_generator("aten.rand", generator)
+@lowers(aten.rand.default, aten.rand_like.default, random=True)
+def _rand(em: Emitter, out: torch.Tensor, *args: Any, **kwargs: Any) -> TensorValue:
     return uniform(em, tuple(out.shape), out.dtype)
 
 
-@lowers(aten.rand_like.default, random=True)
-def _rand_like(em: Emitter, out: torch.Tensor, x: TensorValue, **kwargs: Any) -> TensorValue:
-    return uniform(em, tuple(out.shape), out.dtype)
-
-
-@lowers(aten.randn.default, random=True)
-def _randn(em: Emitter, out: torch.Tensor, size: Any, *, generator: Any = None, **kwargs: Any) -> TensorValue:
-    _check_generator("aten.randn", generator)
-    return normal(em, tuple(out.shape), out.dtype)
-
-
-@lowers(aten.randn_like.default, random=True)
-def _randn_like(em: Emitter, out: torch.Tensor, x: TensorValue, **kwargs: Any) -> TensorValue:
+@lowers(aten.randn.default, aten.randn_like.default, random=True)
+def _randn(em: Emitter, out: torch.Tensor, *args: Any, **kwargs: Any) -> TensorValue:
     return normal(em, tuple(out.shape), out.dtype)
 
 
 @lowers(aten.uniform.default, random=True)
-def _uniform(em: Emitter, out: torch.Tensor, x: TensorValue, low: float = 0.0, high: float = 1.0, *,
-             generator: Any = None) -> TensorValue:
-    _check_generator("aten.uniform", generator)
+def _uniform(em: Emitter, out: torch.Tensor, x: TensorValue, low: float = 0.0, high: float = 1.0,
+             **kwargs: Any) -> TensorValue:
     return uniform(em, tuple(out.shape), out.dtype, float(low), float(high))
 
 
 @lowers(aten.normal_functional.default, random=True)
-def _normal(em: Emitter, out: torch.Tensor, x: TensorValue, mean: float = 0.0, std: float = 1.0, *,
-            generator: Any = None) -> TensorValue:
-    _check_generator("aten.normal", generator)
+def _normal(em: Emitter, out: torch.Tensor, x: TensorValue, mean: float = 0.0, std: float = 1.0,
+            **kwargs: Any) -> TensorValue:
     return normal(em, tuple(out.shape), out.dtype, float(mean), float(std))
 
 
@@ -101,22 +80,18 @@ def _randint(em: Emitter, out: torch.Tensor, low: int, high: int) -> TensorValue
 
 
 @lowers(aten.randint.default, random=True)
-def _randint_default(em: Emitter, out: torch.Tensor, high: int, size: Any, *, generator: Any = None, **kwargs: Any) -> TensorValue:
-    _check_generator("aten.randint", generator)
+def _randint_default(em: Emitter, out: torch.Tensor, high: int, size: Any, **kwargs: Any) -> TensorValue:
     return _randint(em, out, 0, high)
 
 
 @lowers(aten.randint.low, random=True)
-def _randint_low(em: Emitter, out: torch.Tensor, low: int, high: int, size: Any, *, generator: Any = None,
-                 **kwargs: Any) -> TensorValue:
-    _check_generator("aten.randint", generator)
+def _randint_low(em: Emitter, out: torch.Tensor, low: int, high: int, size: Any, **kwargs: Any) -> TensorValue:
     return _randint(em, out, low, high)
 
 
 @lowers(getattr(aten.random, "from"), random=True)
-def _random_from(em: Emitter, out: torch.Tensor, x: TensorValue, low: int, high: int | None = None, *,
-                 generator: Any = None) -> TensorValue:
-    _check_generator("aten.random_", generator)
+def _random_from(em: Emitter, out: torch.Tensor, x: TensorValue, low: int, high: int | None = None,
+                 **kwargs: Any) -> TensorValue:
     if high is None:
         raise UnsupportedOpError("aten.random.from", "random_(from, None) (up to the dtype's maximum) is not "
                                  "supported on the pjrt device; give an upper bound, as torch.randint does")
@@ -124,8 +99,7 @@ def _random_from(em: Emitter, out: torch.Tensor, x: TensorValue, low: int, high:
 
 
 @lowers(aten.random.to, random=True)
-def _random_to(em: Emitter, out: torch.Tensor, x: TensorValue, high: int, *, generator: Any = None) -> TensorValue:
-    _check_generator("aten.random_", generator)
+def _random_to(em: Emitter, out: torch.Tensor, x: TensorValue, high: int, **kwargs: Any) -> TensorValue:
     return _randint(em, out, 0, high)
 
 
@@ -137,14 +111,12 @@ def bernoulli_mask(em: Emitter, shape: Sequence[int], p: Any) -> TensorValue:
 
 
 @lowers(aten.bernoulli.p, random=True)
-def _bernoulli_p(em: Emitter, out: torch.Tensor, x: TensorValue, p: float = 0.5, *, generator: Any = None) -> TensorValue:
-    _check_generator("aten.bernoulli", generator)
+def _bernoulli_p(em: Emitter, out: torch.Tensor, x: TensorValue, p: float = 0.5, **kwargs: Any) -> TensorValue:
     return em.convert(bernoulli_mask(em, tuple(out.shape), p), out.dtype)
 
 
 @lowers(aten.bernoulli.default, random=True)
-def _bernoulli(em: Emitter, out: torch.Tensor, x: TensorValue, *, generator: Any = None) -> TensorValue:
-    _check_generator("aten.bernoulli", generator)
+def _bernoulli(em: Emitter, out: torch.Tensor, x: TensorValue, **kwargs: Any) -> TensorValue:
     return em.convert(bernoulli_mask(em, tuple(out.shape), x), out.dtype)
 
 

@@ -85,18 +85,8 @@ def _minmax(kind: str) -> Any:
     return lower
 
 
-lowers(aten.amax.default)(_minmax("max"))
-lowers(aten.amin.default)(_minmax("min"))
-
-
-@lowers(aten.max.default)
-def _max_all(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    return _minmax("max")(em, out, x, None, False)
-
-
-@lowers(aten.min.default)
-def _min_all(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    return _minmax("min")(em, out, x, None, False)
+lowers(aten.amax.default, aten.max.default)(_minmax("max"))  # max(x): dim () means every dimension
+lowers(aten.amin.default, aten.min.default)(_minmax("min"))
 
 
 def _arg_reduce(em: Emitter, x: TensorValue, dim: int, largest: bool) -> tuple[TensorValue, TensorValue]:

@@ -21,14 +21,9 @@ aten = torch.ops.aten
 
 
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
-        aten._reshape_alias.default)
+        aten._reshape_alias.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
+        aten.unsqueeze.default, aten.squeeze_copy.dims, aten.unsqueeze_copy.default, aten.flatten.using_ints)
 def _view(em: Emitter, out: torch.Tensor, x: TensorValue, *args: Any) -> TensorValue:
-    return em.reshape(x, tuple(out.shape))
-
-
-@lowers(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
-        aten.squeeze_copy.dims, aten.unsqueeze_copy.default, aten.flatten.using_ints)
-def _reshape_like(em: Emitter, out: torch.Tensor, x: TensorValue, *args: Any) -> TensorValue:
     return em.reshape(x, tuple(out.shape))
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ...errors import UnsupportedOpError
+
 LoweringFn = Callable[..., Any]
 
 LOWERINGS: dict[Any, LoweringFn] = {}
@@ -39,3 +41,13 @@ def op_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._opname}.{target._overloadname}"
     return getattr(target, "__name__", repr(target))
+
+
+def refuse_generator(target: Any, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`UnsupportedOpError` for a call with an explicit ``generator=`` (checked when
+    recording and when lowering): device random numbers come from a key seeded by ``torch.manual_seed``."""
+    if kwargs.get("generator") is not None:
+        name = op_name(target)
+        raise UnsupportedOpError(name, f"{name} with an explicit torch.Generator is not supported on the pjrt "
+                                 "device; seed with torch.manual_seed() instead (the device key is drawn from "
+                                 "torch's default generator)")
