@@ -22,7 +22,7 @@ from . import _registry
 from ._library_plugin import LibrarySpec, library_specs_from_environment, make_library_plugin
 from ._plugin import DevicePlugin
 from ._registry import PluginRecord, canonical_name
-from ._torch_xla import distribution_name, is_torch_xla_distribution, normalize_distribution_name
+from ._torch_xla import TORCH_XLA_DISTRIBUTION, distribution_name, normalize_distribution_name
 from .errors import PluginLoadError, PluginWarning
 
 logger = logging.getLogger(__name__)
@@ -100,10 +100,10 @@ def _entry_points(*groups: str) -> list[list[EntryPoint]]:
     return [list(everything.select(group=group)) for group in groups]
 
 
-def _deferred_reason(ep: EntryPoint, dist: Distribution | None) -> str | None:
+def _deferred_reason(ep: EntryPoint, distribution: str | None) -> str | None:
     """PyTorch/XLA's own entries import torch_xla (and torch): load them only when asked for."""
     module = ep.value.partition(":")[0].strip()
-    if is_torch_xla_distribution(dist) or module == "torch_xla" or module.startswith("torch_xla."):
+    if distribution == TORCH_XLA_DISTRIBUTION or module == "torch_xla" or module.startswith("torch_xla."):
         return "provided by PyTorch/XLA; loading it imports torch_xla, so it loads on first use"
     return None
 
@@ -118,14 +118,15 @@ def _entry_point_candidates(entry_points: list[EntryPoint]) -> list[_Candidate]:
         except ValueError as exc:
             warnings.warn(f"pjrt_plugins: skipping {origin}: {exc}", PluginWarning, stacklevel=3)
             continue
+        distribution = distribution_name(dist)
         candidates.append(
             _Candidate(
                 name,
                 origin,
                 entry_point=ep,
                 dist=dist,
-                distribution=distribution_name(dist),
-                deferred_reason=_deferred_reason(ep, dist),
+                distribution=distribution,
+                deferred_reason=_deferred_reason(ep, distribution),
             )
         )
     return candidates
@@ -203,7 +204,7 @@ def _rank(candidates: list[_Candidate], preferred: str | None, path_order: _SysP
 
 def _warn_shadowed(winner: _Candidate, losers: list[_Candidate], preferred: str | None) -> None:
     quiet = preferred is not None and winner.distribution == preferred
-    loud = [c for c in losers if not (winner.deferred_reason is None and is_torch_xla_distribution(c.dist))]
+    loud = [c for c in losers if not (winner.deferred_reason is None and c.distribution == TORCH_XLA_DISTRIBUTION)]
     if logger.isEnabledFor(logging.INFO):  # labels read METADATA; only pay for them when logged
         for loser in losers:
             logger.info("plugin %r: %s shadows %s", winner.name, winner.label(), loser.label())
@@ -297,7 +298,7 @@ def _record_for(candidate: _Candidate) -> PluginRecord:
         plugin = _load_entry_point(candidate)
     except PluginLoadError as error:
         record = PluginRecord(candidate.name, candidate.origin, error=error, **common)
-        _registry.warn_load_failure(record, error, stacklevel=5)
+        _registry.warn_load_failure(record, stacklevel=5)
         return record
     return PluginRecord(candidate.name, candidate.origin, plugin=plugin, **common)
 

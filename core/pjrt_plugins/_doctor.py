@@ -47,9 +47,7 @@ def diagnose(record: PluginRecord, *, timeout: float = DEFAULT_TIMEOUT_S, explic
     """Check one registered plugin; library work happens in a child process."""
     report = PluginReport(record.name, record.provider, record.origin)
     if record.status == "failed":
-        cause = record.error.__cause__ if record.error is not None else None
-        detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(record.error)
-        report.checks.append(Check("loaded", False, detail, _hint_of(record.error)))
+        report.checks.append(Check("loaded", False, record.failure or "", _hint_of(record.error)))
         report.status = "broken"
         return report
     if record.status == "deferred" and not explicit:

@@ -74,10 +74,8 @@ def make_library_plugin(spec: LibrarySpec) -> LibraryPlugin:
     and optional ``create_options``.
     """
     path, options = spec.path, None
-    if path.endswith(".json"):
-        problem = library_problem(path)
-        if problem is None:
-            path, options = _read_json_config(path)
+    if path.endswith(".json") and library_problem(path) is None:
+        path, options = _read_json_config(path)
     problem = library_problem(path)
     if problem is not None:
         raise ValueError(

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._defaults import CoreDefaults, library_problem
+from ._defaults import CoreDefaults, env_int, library_problem
 from ._marker import HOOK_NAMES, IMPL_ATTRIBUTE, PROJECT_NAME
 from .errors import PluginUnavailableError
 
@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _TORCH_XLA_PLUGINS = "torch_xla.experimental.plugins"
 _torch_xla_variants: dict[type, type] = {}
 _variants_lock = threading.Lock()
-_RNG_ALGORITHMS = ("default", "three_fry", "philox")
+#: The RNG algorithms :meth:`DevicePlugin.rng_default` may answer.
+RNG_ALGORITHMS = ("default", "three_fry", "philox")
 
 
 def _torch_xla_variant(cls: type, base: type) -> type:
@@ -223,10 +224,7 @@ class DevicePlugin:
     def dense_gather_factor(self) -> int:
         """0 means sparse gathers always; else dense unless the dimension exceeds factor*10."""
         factor = int(self.hook.pjrt_dense_gather_factor() or 0)
-        raw = os.environ.get("XLA_DENSE_GATHER_FACTOR")
-        if factor > 0 and raw:
-            from ._defaults import env_int
-
+        if factor > 0:  # the variable tunes dense gathers; it never turns them on
             factor = env_int("XLA_DENSE_GATHER_FACTOR", default=factor)
         return factor
 
@@ -234,8 +232,8 @@ class DevicePlugin:
         """The RNG algorithm; ``XLA_RNG_BIT_GENERATOR`` overrides the backend."""
         value = os.environ.get("XLA_RNG_BIT_GENERATOR") or self.hook.pjrt_rng_default() or "default"
         value = value.strip().lower()
-        if value not in _RNG_ALGORITHMS:
-            raise ValueError(f"unknown RNG algorithm {value!r} for plugin {self._label}; use one of {_RNG_ALGORITHMS}")
+        if value not in RNG_ALGORITHMS:
+            raise ValueError(f"unknown RNG algorithm {value!r} for plugin {self._label}; use one of {RNG_ALGORITHMS}")
         return value
 
     def priority(self) -> int:

@@ -47,8 +47,9 @@ class PluginRecord:
     """Everything known about one registered name; read-only for users.
 
     ``status`` is ``"loaded"`` (``plugin`` is set), ``"failed"`` (``error`` is the
-    :class:`PluginLoadError` to raise, its ``__cause__`` the original error) or
-    ``"deferred"`` (loaded on first :func:`get_plugin`; see ``deferred_reason``).
+    :class:`PluginLoadError` to raise, its ``__cause__`` the original error, which
+    ``failure`` names) or ``"deferred"`` (loaded on first :func:`get_plugin`; see
+    ``deferred_reason``).
     ``ready()`` says whether a deferred record can load now (not while its
     module is mid-import); with ``load_when_ready`` it loads by itself at the
     next registry call once ready (a module that was mid-import at discovery).
@@ -101,6 +102,14 @@ class PluginRecord:
         if self.error is not None:
             return "failed"
         return "deferred"
+
+    @property
+    def failure(self) -> str | None:
+        """What made a failed record fail, as ``"ImportError: ..."`` (the original error), else ``None``."""
+        if self.error is None:
+            return None
+        cause = self.error.__cause__ if self.error.__cause__ is not None else self.error
+        return f"{type(cause).__name__}: {cause}"
 
     @property
     def provider(self) -> str:
@@ -185,12 +194,11 @@ def _add_record(record: PluginRecord) -> None:
         _records[record.name] = record
 
 
-def warn_load_failure(record: PluginRecord, error: PluginLoadError, stacklevel: int = 3) -> None:
+def warn_load_failure(record: PluginRecord, stacklevel: int = 3) -> None:
     """The one warning for a plugin that failed to load: names distribution, version and error."""
-    cause = error.__cause__ if error.__cause__ is not None else error
     warnings.warn(
         f"pjrt_plugins: skipping plugin {record.name!r} from {record.provider}: "
-        f"{type(cause).__name__}: {cause}. The other plugins are unaffected; "
+        f"{record.failure}. The other plugins are unaffected; "
         f"pjrt_plugins.get_plugin({record.name!r}) raises the full error.",
         PluginWarning,
         stacklevel=stacklevel,
@@ -209,8 +217,8 @@ def _settle() -> None:
                 if record.loader is not None and record.load_when_ready and (record.ready is None or record.ready()):
                     try:
                         _load_deferred(record)
-                    except PluginLoadError as error:
-                        warn_load_failure(record, error, stacklevel=4)
+                    except PluginLoadError:
+                        warn_load_failure(record, stacklevel=4)
         finally:
             _settling = False
 
@@ -259,6 +267,28 @@ def _load_deferred(record: PluginRecord) -> DevicePlugin:
     return plugin
 
 
+def _not_found(canonical: str) -> PluginNotFoundError:
+    return PluginNotFoundError(
+        f"no PJRT plugin named {canonical!r}. Installed plugins: {_installed_listing()}. "
+        "Install the backend's package, or check the spelling."
+    )
+
+
+def plugin_record(name: str) -> PluginRecord:
+    """The record of ``name`` (any case), as :func:`plugin_records` lists it; nothing is loaded.
+
+    Raises :class:`PluginNotFoundError` listing the installed plugins (for tools
+    that report on a plugin without loading it, like ``doctor`` and ``conform``).
+    """
+    canonical = canonical_name(name)
+    with _lock:
+        _settle()
+        record = _records.get(canonical)
+        if record is None:
+            raise _not_found(canonical)
+        return record
+
+
 def get_plugin(name: str) -> DevicePlugin:
     """The plugin registered as ``name`` (any case).
 
@@ -270,10 +300,7 @@ def get_plugin(name: str) -> DevicePlugin:
     with _lock:
         record = _records.get(canonical)
         if record is None:
-            raise PluginNotFoundError(
-                f"no PJRT plugin named {canonical!r}. Installed plugins: {_installed_listing()}. "
-                "Install the backend's package, or check the spelling."
-            )
+            raise _not_found(canonical)
         if record.plugin is not None:
             return record.plugin
         if record.error is not None:

@@ -12,8 +12,8 @@ from typing import Any
 from ._plugin import DevicePlugin
 from ._marker import hookimpl
 
-#: Distribution names (normalized) that are PyTorch/XLA itself.
-TORCH_XLA_DISTRIBUTIONS = frozenset({"torch-xla", "torch_xla"})
+#: PyTorch/XLA's own distribution (its normalized name).
+TORCH_XLA_DISTRIBUTION = "torch-xla"
 
 # The methods PyTorch/XLA 2.9's loader and runtime call on an entry point's object,
 # with the types it expects back (None: returns nothing).
@@ -28,7 +28,6 @@ TORCH_XLA_METHODS: tuple[tuple[str, tuple[Any, ...], tuple[type, ...]], ...] = (
 )
 
 _OPTION_VALUE_TYPES = (str, int, float, bool)
-_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def normalize_distribution_name(name: str) -> str:
@@ -49,21 +48,7 @@ def distribution_name(dist: Distribution | None) -> str | None:
 
 
 def is_torch_xla_distribution(dist: Distribution | None) -> bool:
-    return distribution_name(dist) in {normalize_distribution_name(n) for n in TORCH_XLA_DISTRIBUTIONS}
-
-
-def requires_torch_xla(dist: Distribution | None) -> bool:
-    """Whether ``dist`` needs torch_xla unconditionally (Requires-Dist without an extra)."""
-    if dist is None:
-        return False
-    for requirement in dist.requires or ():
-        match = _REQUIREMENT_NAME.match(requirement)
-        if not match or normalize_distribution_name(match.group(1)) != "torch-xla":
-            continue
-        _, _, marker = requirement.partition(";")
-        if "extra" not in marker:
-            return True
-    return False
+    return distribution_name(dist) == TORCH_XLA_DISTRIBUTION
 
 
 def looks_like_torch_xla_plugin(obj: object) -> bool:

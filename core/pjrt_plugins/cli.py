@@ -88,8 +88,7 @@ def describe_records() -> list[dict[str, Any]]:
             row["status"] = "available" if reason is None else "unavailable"
             row["reason"] = row["reason"] or reason
         elif record.error is not None:
-            cause = record.error.__cause__
-            row["reason"] = f"{type(cause).__name__}: {cause}" if cause is not None else str(record.error)
+            row["reason"] = record.failure
         else:
             row["reason"] = record.deferred_reason
         rows.append(row)
@@ -246,17 +245,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     import pjrt_plugins
     from pjrt_plugins._doctor import diagnose
+    from pjrt_plugins._registry import plugin_record
 
-    records = {r.name: r for r in pjrt_plugins.plugin_records()}
     if args.names:
-        wanted = []
-        for name in args.names:
-            canonical = pjrt_plugins.canonical_name(name)
-            if canonical not in records:
-                pjrt_plugins.get_plugin(canonical)  # raises PluginNotFoundError listing what is installed
-            wanted.append(records[canonical])
+        wanted = [plugin_record(name) for name in args.names]  # PluginNotFoundError lists what is installed
     else:
-        wanted = list(records.values())
+        wanted = pjrt_plugins.plugin_records()
     reports = []
     for record in wanted:
         if not args.json:
@@ -306,6 +300,7 @@ def _add_extension_commands(subparsers: Any, common: argparse.ArgumentParser) ->
 
 def build_parser() -> argparse.ArgumentParser:
     from pjrt_plugins import __version__
+    from pjrt_plugins._doctor import DEFAULT_TIMEOUT_S as DOCTOR_TIMEOUT_S
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
@@ -331,7 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", parents=[common], help="check each plugin: loaded, available, library, API version, client"
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="plugins to check (default: all)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per plugin (default: 60)")
+    p.add_argument(
+        "--timeout", type=float, default=DOCTOR_TIMEOUT_S,
+        help=f"seconds allowed per plugin (default: {DOCTOR_TIMEOUT_S:g})",
+    )
     p.set_defaults(handler=cmd_doctor)
 
     _add_extension_commands(subparsers, common)

@@ -18,11 +18,9 @@ from typing import Any
 
 import pluggy
 
-PROJECT_NAME = "pjrt_plugins"
+from ._marker import PROJECT_NAME, hookimpl  # noqa: F401 - hookimpl: decorate a backend's methods with it
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
-#: Decorate a backend's methods with this to implement a hook.
-hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec(firstresult=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pluggy
 import pytest
+from _support import package_file
 
 import pjrt_plugins
 
@@ -157,19 +158,13 @@ def run_installed(site: SiteDir):
     return run
 
 
-def cpu_library_path() -> str:
-    """The real XLA CPU PJRT plugin shipped by the xla-cpu-pjrt wheel."""
-    import importlib.metadata
-
-    for file in importlib.metadata.distribution("xla-cpu-pjrt").files or ():
-        if file.name.endswith(".so"):
-            return str(file.locate().resolve())
-    raise FileNotFoundError("xla-cpu-pjrt is installed without its shared library")
-
-
 @pytest.fixture
 def cpu_library() -> str:
-    return cpu_library_path()
+    """The real XLA CPU PJRT plugin shipped by the xla-cpu-pjrt wheel (resolved: as /proc/self/maps shows it)."""
+    path = package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
+    if path is None:
+        raise FileNotFoundError("xla-cpu-pjrt is not installed, or lacks its shared library xla_cpu_pjrt.so")
+    return str(path.resolve())
 
 
 @pytest.fixture

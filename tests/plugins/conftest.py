@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
@@ -60,10 +60,20 @@ BACKEND_ENV_VARS = (
 
 
 @pytest.fixture(autouse=True)
-def clean_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset every backend variable for the test (monkeypatch restores them afterwards)."""
+def clean_backend_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Unset every backend variable for the test; afterwards the environment is as it was.
+
+    The configure hooks under test write variables of their own (``TPU_VISIBLE_CHIPS``,
+    ``NEURON_RT_VISIBLE_CORES``, ...), which monkeypatch does not know to undo: without
+    the restore they would leak into every later test of the session.
+    """
+    saved = dict(os.environ)
     for name in BACKEND_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    yield
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 def _scrubbed_environment(extra: Mapping[str, str] | None) -> dict[str, str]:

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
+from .._plugin import RNG_ALGORITHMS
 from ..errors import PluginUnavailableError
 from ._context import Context, preserved_environment
 from ._framework import Fail, check, describe
 
-_RNG_ALGORITHMS = ("default", "three_fry", "philox")
 #: The hook contract says the preflight "must return within a second".
 PREFLIGHT_BUDGET_S = 1.0
 
@@ -36,6 +36,10 @@ def _library_path_ok(value: Any) -> str | None:
     return None
 
 
+def _int_at_least(low: int) -> tuple[str, Any]:
+    return f"an int >= {low}", lambda v: None if _is_int(v) and v >= low else f"returned {describe(v)}"
+
+
 #: hook -> (what it must return, the test). A test returns a problem or None.
 HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
     "pjrt_library_path": ("an absolute path or None", _library_path_ok),
@@ -47,21 +51,15 @@ HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
         "a dict",
         lambda v: None if isinstance(v, dict) else f"returned {type(v).__name__}",
     ),
-    "pjrt_local_process_rank": ("an int >= 0", lambda v: None if _is_int(v) and v >= 0 else f"returned {describe(v)}"),
-    "pjrt_local_world_size": ("an int >= 1", lambda v: None if _is_int(v) and v >= 1 else f"returned {describe(v)}"),
-    "pjrt_host_index": ("an int >= 0", lambda v: None if _is_int(v) and v >= 0 else f"returned {describe(v)}"),
-    "pjrt_dense_gather_factor": (
-        "an int >= 0",
-        lambda v: None if _is_int(v) and v >= 0 else f"returned {describe(v)}",
-    ),
+    "pjrt_local_process_rank": _int_at_least(0),
+    "pjrt_local_world_size": _int_at_least(1),
+    "pjrt_host_index": _int_at_least(0),
+    "pjrt_dense_gather_factor": _int_at_least(0),
     "pjrt_rng_default": (
-        f"one of {', '.join(_RNG_ALGORITHMS)}",
-        lambda v: None if isinstance(v, str) and v.strip().lower() in _RNG_ALGORITHMS else f"returned {describe(v)}",
+        f"one of {', '.join(RNG_ALGORITHMS)}",
+        lambda v: None if isinstance(v, str) and v.strip().lower() in RNG_ALGORITHMS else f"returned {describe(v)}",
     ),
-    "pjrt_physical_chip_count": (
-        "an int >= 0",
-        lambda v: None if _is_int(v) and v >= 0 else f"returned {describe(v)}",
-    ),
+    "pjrt_physical_chip_count": _int_at_least(0),
     "pjrt_requires_coordinator": ("a bool", lambda v: None if isinstance(v, bool) else f"returned {describe(v)}"),
     "pjrt_priority": ("an int", lambda v: None if _is_int(v) else f"returned {describe(v)}"),
     "pjrt_unavailable_reason": (
@@ -131,15 +129,17 @@ def check_create_options(ctx: Context) -> str:
     from ..options import validate_options
 
     plugin = ctx.plugin
+    label = f"plugin {plugin.name!r}"
     with preserved_environment():
         options = plugin.client_create_options()
+        schema = plugin.option_schema()
         merged = {**options, **ctx.target.options}
         try:
-            validate_options(options, plugin.option_schema(), plugin=f"plugin {plugin.name!r}")
+            validate_options(options, schema, plugin=label)
         except (TypeError, ValueError) as exc:
             raise Fail(f"the plugin's own default options are refused by its schema: {exc}") from None
         try:
-            validate_options(merged, plugin.option_schema(), plugin=f"plugin {plugin.name!r}")
+            validate_options(merged, schema, plugin=label)
             plugin.hook.pjrt_check_client_options(options=dict(merged))
         except (TypeError, ValueError) as exc:
             if ctx.target.options:

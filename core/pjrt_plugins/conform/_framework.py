@@ -20,9 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-#: absl status code UNIMPLEMENTED: the plugin says it does not offer the function.
-UNIMPLEMENTED = 12
-
 
 class Outcome(Exception):
     """Raised by a check to end with a status other than PASS."""
@@ -132,7 +129,8 @@ def run_check(item: Check, ctx: Context, statuses: Mapping[str, Status]) -> Chec
         status = Status.FAIL if item.essential else Status.UNSUPPORTED
         reason = str(exc)
     except PjrtError as exc:
-        status = Status.UNSUPPORTED if exc.code == UNIMPLEMENTED and not item.essential else Status.FAIL
+        # UNIMPLEMENTED: the plugin says it does not offer the function.
+        status = Status.UNSUPPORTED if exc.code_name == "UNIMPLEMENTED" and not item.essential else Status.FAIL
         reason = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a check reports, it never crashes the harness
         logger.debug("check %s raised", item.id, exc_info=True)

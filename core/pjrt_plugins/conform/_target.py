@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._registry import plugin_record
+
 logger = logging.getLogger(__name__)
 
 _LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")
@@ -51,8 +53,6 @@ def resolve_target(argument: str, *, bare: bool = False) -> Target:
     check then FAILs). ``bare=True`` checks a library path without any plugin's
     hooks, even when a plugin owns it.
     """
-    import pjrt_plugins
-
     if bare and not looks_like_path(argument):
         raise ValueError(f"--bare needs the path of a PJRT library, not the plugin name {argument!r}")
     if looks_like_path(argument):
@@ -66,11 +66,7 @@ def resolve_target(argument: str, *, bare: bool = False) -> Target:
                 note=f"{path} is the library of the registered plugin {owner!r}; checked through that plugin's hooks",
             )
         return Target(argument, "library", library_path=path)
-    name = pjrt_plugins.canonical_name(argument)
-    records = {record.name: record for record in pjrt_plugins.plugin_records()}
-    if name not in records:
-        pjrt_plugins.get_plugin(name)  # raises PluginNotFoundError naming what is installed
-    return Target(argument, "plugin", plugin=name)
+    return Target(argument, "plugin", plugin=plugin_record(argument).name)
 
 
 def _plugin_owning(path: str) -> str | None:

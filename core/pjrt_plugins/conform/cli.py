@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ._report import CheckResult, Report, ReportDiff, Status, diff_reports, load_report
+from ._runner import DEFAULT_TIMEOUT_S
 
 HELP = "check a plugin (name or library path) against the PJRT C API and the hook contract"
 
@@ -32,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a registered plugin name (see `pjrt-plugins list`) or the path of a PJRT library (.so)")
     parser.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
                         help="client create option (repeatable), typed by the plugin's schema, e.g. -o cpu_device_count=4")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                        help="seconds allowed for each check before the plugin is declared hung (default: 60)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="seconds allowed for each check before the plugin is declared hung "
+                        f"(default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE (for --diff later)")
     parser.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="compare two JSON reports instead of running checks; exit 1 if AFTER has new FAILs")

@@ -238,21 +238,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_FAILURE, EXIT_OK, UsageError
+    from ..cli import EXIT_OK, UsageError
 
     try:
         names = PluginNames.from_name(args.name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    try:
-        root, written = write_plugin(args.name, args.output, template=args.template)
-    except (FileExistsError, TemplateNotFoundError) as exc:
-        if args.json:
-            json.dump({"error": {"type": type(exc).__name__, "message": str(exc)}}, sys.stdout)
-            sys.stdout.write("\n")
-        else:
-            print(f"pjrt-plugins new-plugin: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+    # FileExistsError and TemplateNotFoundError are OSErrors: the CLI reports them (exit 1, or JSON with --json).
+    root, written = write_plugin(args.name, args.output, template=args.template)
     steps = [f"pip install {root}", "pjrt-plugins list", f"pjrt-plugins conform {names.entry_point}"]
     if args.json:
         json.dump(

@@ -91,6 +91,15 @@ PJRT_Error* stub_check_struct(const void* args, size_t struct_size, size_t neede
   return NULL;
 }
 
+PJRT_Error* stub_check_object(const void* object, uint32_t magic, const char* what, const char* function) {
+  if (object == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: %s is NULL", function, what);
+  if (*(const uint32_t*)object != magic) {
+    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: not a stub_neuron %s (a wrong or destroyed pointer)",
+                      function, what);
+  }
+  return NULL;
+}
+
 static PJRT_Error* callback_error_impl(PJRT_Error_Code code, const char* message, size_t message_size) {
   if (message == NULL) message_size = 0;
   return error_from_text(code, message ? message : "", message_size);
@@ -139,19 +148,12 @@ PJRT_Event* stub_event_ready(PJRT_Error* error) {
   return event;
 }
 
-static PJRT_Error* check_event(const PJRT_Event* event, const char* function) {
-  if (event == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: event is NULL", function);
-  if (event->magic != STUB_MAGIC_EVENT) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
-                      "%s: not a stub_neuron event (a wrong or destroyed pointer)", function);
-  }
-  return NULL;
-}
+#define STUB_CHECK_EVENT(args, sname) STUB_CHECK_ARGS_OBJECT(args, sname, event, STUB_MAGIC_EVENT, "event")
 
 static PJRT_Error* StubEvent_Destroy(PJRT_Event_Destroy_Args* args) {
   STUB_CHECK_ARGS(args, PJRT_Event_Destroy_Args);
   if (args->event == NULL) return NULL;
-  PJRT_Error* error = check_event(args->event, "PJRT_Event_Destroy");
+  PJRT_Error* error = stub_check_object(args->event, STUB_MAGIC_EVENT, "event", "PJRT_Event_Destroy");
   if (error != NULL) return error;
   stub_error_free(args->event->error);
   args->event->magic = STUB_MAGIC_DEAD;
@@ -160,31 +162,23 @@ static PJRT_Error* StubEvent_Destroy(PJRT_Event_Destroy_Args* args) {
 }
 
 static PJRT_Error* StubEvent_IsReady(PJRT_Event_IsReady_Args* args) {
-  STUB_CHECK_ARGS(args, PJRT_Event_IsReady_Args);
-  PJRT_Error* error = check_event(args->event, "PJRT_Event_IsReady");
-  if (error != NULL) return error;
+  STUB_CHECK_EVENT(args, PJRT_Event_IsReady);
   args->is_ready = true;
   return NULL;
 }
 
 static PJRT_Error* StubEvent_Error(PJRT_Event_Error_Args* args) {
-  STUB_CHECK_ARGS(args, PJRT_Event_Error_Args);
-  PJRT_Error* error = check_event(args->event, "PJRT_Event_Error");
-  if (error != NULL) return error;
+  STUB_CHECK_EVENT(args, PJRT_Event_Error);
   return stub_error_copy(args->event->error); /* each call returns its own copy */
 }
 
 static PJRT_Error* StubEvent_Await(PJRT_Event_Await_Args* args) {
-  STUB_CHECK_ARGS(args, PJRT_Event_Await_Args);
-  PJRT_Error* error = check_event(args->event, "PJRT_Event_Await");
-  if (error != NULL) return error;
+  STUB_CHECK_EVENT(args, PJRT_Event_Await);
   return stub_error_copy(args->event->error);
 }
 
 static PJRT_Error* StubEvent_OnReady(PJRT_Event_OnReady_Args* args) {
-  STUB_CHECK_ARGS(args, PJRT_Event_OnReady_Args);
-  PJRT_Error* error = check_event(args->event, "PJRT_Event_OnReady");
-  if (error != NULL) return error;
+  STUB_CHECK_EVENT(args, PJRT_Event_OnReady);
   if (args->callback == NULL) {
     return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "PJRT_Event_OnReady: callback is NULL");
   }

@@ -252,21 +252,7 @@ PJRT_Error* StubClient_BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Arg
   return NULL;
 }
 
-static PJRT_Error* check_buffer(const PJRT_Buffer* buffer, const char* function) {
-  if (buffer == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: buffer is NULL", function);
-  if (buffer->magic != STUB_MAGIC_BUFFER) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
-                      "%s: not a stub_neuron buffer (a wrong or destroyed pointer)", function);
-  }
-  return NULL;
-}
-
-#define STUB_CHECK_BUFFER(args, field, sname)                                 \
-  STUB_CHECK_ARGS(args, sname##_Args);                                      \
-  do {                                                                      \
-    PJRT_Error* buffer_error_ = check_buffer((args)->field, #sname);        \
-    if (buffer_error_ != NULL) return buffer_error_;                        \
-  } while (0)
+#define STUB_CHECK_BUFFER(args, field, sname) STUB_CHECK_ARGS_OBJECT(args, sname, field, STUB_MAGIC_BUFFER, "buffer")
 
 static PJRT_Error* deleted_error(const char* function) {
   return stub_error(PJRT_Error_Code_FAILED_PRECONDITION, "%s: the buffer has been deleted", function);
@@ -275,7 +261,7 @@ static PJRT_Error* deleted_error(const char* function) {
 PJRT_Error* StubBuffer_Destroy(PJRT_Buffer_Destroy_Args* args) {
   STUB_CHECK_ARGS(args, PJRT_Buffer_Destroy_Args);
   if (args->buffer == NULL) return NULL;
-  PJRT_Error* error = check_buffer(args->buffer, "PJRT_Buffer_Destroy");
+  PJRT_Error* error = stub_check_object(args->buffer, STUB_MAGIC_BUFFER, "buffer", "PJRT_Buffer_Destroy");
   if (error != NULL) return error;
   buffer_free(args->buffer);
   return NULL;

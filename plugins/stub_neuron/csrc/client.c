@@ -345,11 +345,8 @@ PJRT_Error* StubClient_Create(PJRT_Client_Create_Args* args) {
 }
 
 PJRT_Error* stub_check_client(const PJRT_Client* client, const char* function) {
-  if (client == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: client is NULL", function);
-  if (client->magic != STUB_MAGIC_CLIENT) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
-                      "%s: not a stub_neuron client (a wrong or destroyed pointer)", function);
-  }
+  PJRT_Error* error = stub_check_object(client, STUB_MAGIC_CLIENT, "client", function);
+  if (error != NULL) return error;
   if (atomic_load(&client->destroyed)) {
     return stub_error(PJRT_Error_Code_FAILED_PRECONDITION, "%s: the client has been destroyed", function);
   }
@@ -461,21 +458,8 @@ PJRT_Error* StubClient_Compile(PJRT_Client_Compile_Args* args) {
 
 /* --------------------------- device descriptions ------------------------- */
 
-static PJRT_Error* check_description(const PJRT_DeviceDescription* d, const char* function) {
-  if (d == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: device_description is NULL", function);
-  if (d->magic != STUB_MAGIC_DESCRIPTION) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
-                      "%s: not a stub_neuron device description (a wrong or destroyed pointer)", function);
-  }
-  return NULL;
-}
-
-#define STUB_CHECK_DESCRIPTION(args, sname)                                                   \
-  STUB_CHECK_ARGS(args, sname##_Args);                                                      \
-  do {                                                                                      \
-    PJRT_Error* description_error_ = check_description((args)->device_description, #sname); \
-    if (description_error_ != NULL) return description_error_;                              \
-  } while (0)
+#define STUB_CHECK_DESCRIPTION(args, sname) \
+  STUB_CHECK_ARGS_OBJECT(args, sname, device_description, STUB_MAGIC_DESCRIPTION, "device description")
 
 PJRT_Error* StubDeviceDescription_Id(PJRT_DeviceDescription_Id_Args* args) {
   STUB_CHECK_DESCRIPTION(args, PJRT_DeviceDescription_Id);
@@ -519,21 +503,7 @@ PJRT_Error* StubDeviceDescription_ToString(PJRT_DeviceDescription_ToString_Args*
 
 /* --------------------------------- devices ------------------------------- */
 
-PJRT_Error* stub_check_device(const PJRT_Device* device, const char* function) {
-  if (device == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: device is NULL", function);
-  if (device->magic != STUB_MAGIC_DEVICE) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
-                      "%s: not a stub_neuron device (a wrong or destroyed pointer)", function);
-  }
-  return NULL;
-}
-
-#define STUB_CHECK_DEVICE(args, sname)                                         \
-  STUB_CHECK_ARGS(args, sname##_Args);                                       \
-  do {                                                                       \
-    PJRT_Error* device_error_ = stub_check_device((args)->device, #sname);   \
-    if (device_error_ != NULL) return device_error_;                         \
-  } while (0)
+#define STUB_CHECK_DEVICE(args, sname) STUB_CHECK_ARGS_OBJECT(args, sname, device, STUB_MAGIC_DEVICE, "device")
 
 PJRT_Error* StubDevice_GetDescription(PJRT_Device_GetDescription_Args* args) {
   STUB_CHECK_DEVICE(args, PJRT_Device_GetDescription);
@@ -576,21 +546,7 @@ PJRT_Error* StubDevice_DefaultMemory(PJRT_Device_DefaultMemory_Args* args) {
 
 /* --------------------------------- memories ------------------------------ */
 
-PJRT_Error* stub_check_memory(const PJRT_Memory* memory, const char* function) {
-  if (memory == NULL) return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: memory is NULL", function);
-  if (memory->magic != STUB_MAGIC_MEMORY) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT,
-                      "%s: not a stub_neuron memory (a wrong or destroyed pointer)", function);
-  }
-  return NULL;
-}
-
-#define STUB_CHECK_MEMORY(args, sname)                                         \
-  STUB_CHECK_ARGS(args, sname##_Args);                                       \
-  do {                                                                       \
-    PJRT_Error* memory_error_ = stub_check_memory((args)->memory, #sname);   \
-    if (memory_error_ != NULL) return memory_error_;                         \
-  } while (0)
+#define STUB_CHECK_MEMORY(args, sname) STUB_CHECK_ARGS_OBJECT(args, sname, memory, STUB_MAGIC_MEMORY, "memory")
 
 PJRT_Error* StubMemory_Id(PJRT_Memory_Id_Args* args) {
   STUB_CHECK_MEMORY(args, PJRT_Memory_Id);

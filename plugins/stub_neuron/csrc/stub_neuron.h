@@ -164,9 +164,22 @@ bool stub_is_initialized(void);
 
 /* ----------------------------- object checks ----------------------------- */
 
+/* Checks an object handed to `function` (every object starts with its magic):
+ * NULL, or a magic other than `magic` (not ours, or destroyed), is an
+ * INVALID_ARGUMENT error that names `what`. */
+PJRT_Error* stub_check_object(const void* object, uint32_t magic, const char* what, const char* function);
+
+/* STUB_CHECK_ARGS, then stub_check_object on args->field; `sname` is the
+ * function's name without _Args. */
+#define STUB_CHECK_ARGS_OBJECT(args, sname, field, magic, what)                                \
+  STUB_CHECK_ARGS(args, sname##_Args);                                                       \
+  do {                                                                                       \
+    PJRT_Error* stub_object_error_ = stub_check_object((args)->field, (magic), (what), #sname); \
+    if (stub_object_error_ != NULL) return stub_object_error_;                               \
+  } while (0)
+
+/* stub_check_object, and a client that was destroyed is FAILED_PRECONDITION. */
 PJRT_Error* stub_check_client(const PJRT_Client* client, const char* function);
-PJRT_Error* stub_check_device(const PJRT_Device* device, const char* function);
-PJRT_Error* stub_check_memory(const PJRT_Memory* memory, const char* function);
 void stub_client_release(PJRT_Client* client);
 
 /* ------------------------- PJRT_Api entry points ------------------------- */
