@@ -116,8 +116,8 @@ module @t {
 """
 
 
-def aligned(n: int, dtype=np.float32, alignment: int = 64) -> np.ndarray:
-    """An uninitialized 1-D array starting at an ``alignment``-byte boundary (the CPU plugin aliases those)."""
-    raw = np.empty(n * np.dtype(dtype).itemsize + alignment, np.uint8)
-    offset = (-raw.ctypes.data) % alignment
-    return raw[offset : offset + n * np.dtype(dtype).itemsize].view(dtype)
+def aligned(n: int, dtype=np.float32) -> np.ndarray:
+    """An uninitialized 1-D array on the runtime's host alignment (the CPU plugin aliases those)."""
+    from pjrt_plugins.runtime import aligned_empty
+
+    return aligned_empty(n * np.dtype(dtype).itemsize).view(dtype)

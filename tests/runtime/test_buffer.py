@@ -192,6 +192,17 @@ def test_copy_to_device(client8):
     np.testing.assert_array_equal(dst.to_numpy(), data)
 
 
+@pytest.mark.parametrize("nbytes", [1, 63, 64, 4096 + 3, 1 << 21])
+def test_aligned_empty_starts_on_the_host_alignment(nbytes):
+    from pjrt_plugins.runtime import HOST_ALIGNMENT, aligned_empty
+
+    data = aligned_empty(nbytes)
+    assert data.dtype == np.uint8 and data.shape == (nbytes,)
+    assert data.ctypes.data % HOST_ALIGNMENT == 0
+    data[:] = 7  # the whole span is writable memory of its own
+    assert int(data.sum()) == 7 * nbytes
+
+
 def test_zero_copy_aliases_host_memory_and_default_copies(client8):
     # The CPU plugin aliases 64-byte-aligned host memory under kImmutableZeroCopy.
     data = aligned(256)

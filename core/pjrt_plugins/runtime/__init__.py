@@ -17,7 +17,7 @@ from ..errors import (
     PluginInitializeTimeoutError,
     UnsupportedFunctionError,
 )
-from ._buffer import Buffer
+from ._buffer import HOST_ALIGNMENT, Buffer, aligned_empty
 from ._cdef import HEADER_MINOR, MIN_SUPPORTED_MINOR
 from ._client import Client, Device, Memory
 from ._compile_options import CompileOptions
@@ -38,6 +38,7 @@ __all__ = [
     "CompileOptions",
     "Device",
     "Executable",
+    "HOST_ALIGNMENT",
     "HostViewUnavailableError",
     "KeyValueStore",
     "Library",
@@ -47,6 +48,7 @@ __all__ = [
     "PluginInitializeTimeoutError",
     "SUPPORTED_API_VERSIONS",
     "UnsupportedFunctionError",
+    "aligned_empty",
     "create_client_for_plugin",
     "load_library",
     "loaded_libraries",

@@ -13,9 +13,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
+from ..runtime import aligned_empty
 from ._sharding import ShardingSpec
 
 logger = logging.getLogger(__name__)
@@ -24,8 +24,6 @@ __all__ = ["TensorData", "TensorState", "host_empty"]
 
 #: From this size on, host tensors are allocated through numpy (see host_empty).
 _LARGE_HOST_BYTES = 1 << 20
-#: Alignment of large host tensors (XLA's CPU runtime aliases host memory only when 64-byte aligned).
-_HOST_ALIGNMENT = 64
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -33,16 +31,14 @@ def host_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
 
     numpy asks Linux for transparent huge pages on large allocations and torch's CPU
     allocator does not; first writes into fresh memory (every snapshot and gather
-    writes fresh memory) then run about twice as fast. The start is 64-byte aligned,
-    like torch's, so plugins can still alias it.
+    writes fresh memory) then run about twice as fast. The start is aligned (see
+    :func:`pjrt_plugins.runtime.aligned_empty`), so plugins can still alias it.
     """
     shape = tuple(int(s) for s in shape)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _LARGE_HOST_BYTES:
         return torch.empty(shape, dtype=dtype)
-    raw = np.empty(nbytes + _HOST_ALIGNMENT, dtype=np.uint8)
-    offset = -raw.ctypes.data % _HOST_ALIGNMENT  # plugins alias (zero-copy) only aligned memory
-    return torch.from_numpy(raw[offset : offset + nbytes]).view(dtype).view(shape)
+    return torch.from_numpy(aligned_empty(nbytes)).view(dtype).view(shape)
 
 
 class TensorState(enum.Enum):
