@@ -121,3 +121,12 @@ def aligned(n: int, dtype=np.float32) -> np.ndarray:
     from pjrt_plugins.runtime import aligned_empty
 
     return aligned_empty(n * np.dtype(dtype).itemsize).view(dtype)
+
+
+def shim_report(path) -> str:
+    """What a shim plugin built with a recording switch (see shim_plugin.c) noted so far."""
+    import cffi
+
+    reader = cffi.FFI()
+    reader.cdef("const char* shim_report(void);")
+    return reader.string(reader.dlopen(str(path), reader.RTLD_NOW | reader.RTLD_NODELETE).shim_report()).decode()

@@ -15,6 +15,9 @@
  *   SHIM_KV                PJRT_Client_Create exercises the KV-store callbacks first and
  *                          records what happened in shim_report()
  *   SHIM_NOT_ON_CPU        PJRT_Buffer_IsOnCpu answers false (buffers look like device memory)
+ *   SHIM_FAIL_BUFFER_DESTROY  PJRT_Buffer_Destroy frees the buffer, then returns an error
+ *   SHIM_FAIL_EVENT_IS_READY  PJRT_Event_IsReady returns an error
+ *   (with either, shim_report() counts buffer_destroy; executable_destroy; client_destroy;)
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -49,6 +52,47 @@ static PJRT_Error* shim_is_on_cpu(PJRT_Buffer_IsOnCpu_Args* args) {
   PJRT_Error* error = real_api->PJRT_Buffer_IsOnCpu(args);
   args->is_on_cpu = false;
   return error;
+}
+#endif
+
+#if defined(SHIM_FAIL_BUFFER_DESTROY) || defined(SHIM_FAIL_EVENT_IS_READY)
+/* A real PJRT_Error from the real plugin: look up a device id that does not exist. */
+static PJRT_Client* last_client;
+static PJRT_Error* shim_error(void) {
+  PJRT_Client_LookupDevice_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = PJRT_Client_LookupDevice_Args_STRUCT_SIZE;
+  args.client = last_client;
+  args.id = -12345;
+  return real_api->PJRT_Client_LookupDevice(&args);
+}
+static PJRT_Error* shim_create_recording(PJRT_Client_Create_Args* args) {
+  report[0] = '\0';
+  PJRT_Error* error = real_api->PJRT_Client_Create(args);
+  if (error == NULL) last_client = args->client;
+  return error;
+}
+static PJRT_Error* shim_client_destroy(PJRT_Client_Destroy_Args* args) {
+  note("%.*s", "client_destroy;", 15);
+  return real_api->PJRT_Client_Destroy(args);
+}
+static PJRT_Error* shim_executable_destroy(PJRT_LoadedExecutable_Destroy_Args* args) {
+  note("%.*s", "executable_destroy;", 19);
+  return real_api->PJRT_LoadedExecutable_Destroy(args);
+}
+static PJRT_Error* shim_buffer_destroy(PJRT_Buffer_Destroy_Args* args) {
+  note("%.*s", "buffer_destroy;", 15);
+  PJRT_Error* error = real_api->PJRT_Buffer_Destroy(args);
+#ifdef SHIM_FAIL_BUFFER_DESTROY
+  if (error == NULL && args->buffer != NULL) error = shim_error();
+#endif
+  return error;
+}
+#endif
+#ifdef SHIM_FAIL_EVENT_IS_READY
+static PJRT_Error* shim_event_is_ready(PJRT_Event_IsReady_Args* args) {
+  (void)args;
+  return shim_error();
 }
 #endif
 
@@ -182,6 +226,15 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
 #ifdef SHIM_NOT_ON_CPU
   shim_api.PJRT_Buffer_IsOnCpu = shim_is_on_cpu;
+#endif
+#if defined(SHIM_FAIL_BUFFER_DESTROY) || defined(SHIM_FAIL_EVENT_IS_READY)
+  shim_api.PJRT_Client_Create = shim_create_recording;
+  shim_api.PJRT_Client_Destroy = shim_client_destroy;
+  shim_api.PJRT_LoadedExecutable_Destroy = shim_executable_destroy;
+  shim_api.PJRT_Buffer_Destroy = shim_buffer_destroy;
+#endif
+#ifdef SHIM_FAIL_EVENT_IS_READY
+  shim_api.PJRT_Event_IsReady = shim_event_is_ready;
 #endif
   return &shim_api;
 }

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 import pytest
-from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA
+from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA, shim_report
 
 from pjrt_plugins.runtime import Client, ClientClosedError, Device, PjrtError, load_library
 
@@ -167,6 +167,41 @@ def test_close_with_live_buffers_and_executables(cpu_library_path):
         exe.execute([[x, x]])
     del x, out, zero_copy, exe
     gc.collect()
+
+
+def test_close_releases_everything_when_the_plugin_fails_to_destroy_a_buffer(build_shim):
+    path = build_shim(SHIM_FAIL_BUFFER_DESTROY=True)
+    client = Client(path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA)
+    exe = client.compile(ADD_F32_4)
+    buffers = [client.buffer_from_host(np.full(4, i, np.float32)) for i in range(3)]
+    with pytest.raises(PjrtError) as raised:
+        client.close()
+    assert raised.value.code_name == "INVALID_ARGUMENT"  # the plugin's own error, not a crash
+    assert "2 more error(s)" in "".join(raised.value.__notes__)
+    assert client.closed and all(b.is_deleted for b in buffers) and exe.is_deleted
+    calls = shim_report(path)
+    assert calls.count("buffer_destroy;") == 3  # the first failure did not stop the others
+    assert calls.count("executable_destroy;") == 1
+    assert calls.endswith("client_destroy;")  # and the client itself was destroyed
+    client.close()  # closing again is a no-op
+
+
+def test_a_plugin_that_cannot_say_whether_a_transfer_is_done_keeps_its_host_memory(build_shim):
+    path = build_shim(SHIM_FAIL_EVENT_IS_READY=True)
+    client = Client(path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA)
+    host = np.arange(1 << 16, dtype=np.float32)
+    owner = weakref.ref(host)
+    buffer = client.buffer_from_host(host, copy=False)  # the plugin may read `host` until its event fires
+    also = client.buffer_from_host(np.ones(4, np.float32))  # Event_IsReady fails: the upload still works
+    np.testing.assert_array_equal(also.to_numpy(), np.ones(4, np.float32))
+    del host
+    buffer.delete()  # Event_IsReady fails while settling: the memory is kept, not freed
+    gc.collect()
+    assert owner() is not None
+    client.close()  # awaits the event, then lets go
+    gc.collect()
+    assert owner() is None
+    assert shim_report(path).endswith("client_destroy;")
 
 
 def test_buffers_and_executables_keep_their_client_alive(cpu_library_path):

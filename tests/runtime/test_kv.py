@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-import cffi
 import numpy as np
 import pytest
+from runtime_support import shim_report
 from _support import package_file, run_on_threads
 
 from pjrt_plugins.runtime import Client, load_library
@@ -41,12 +41,6 @@ class MemoryKvStore:
         with self._cond:
             self.data[key] = bytes(value)
             self._cond.notify_all()
-
-
-def shim_report(path) -> str:
-    reader = cffi.FFI()
-    reader.cdef("const char* shim_report(void);")
-    return reader.string(reader.dlopen(str(path), reader.RTLD_NOW | reader.RTLD_NODELETE).shim_report()).decode()
 
 
 def test_callbacks_through_a_c_plugin(build_shim):

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError
+from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError
 from ..options import validate_options
 from ._buffer import Buffer, _pin_lock, aligned_copy, host_array
 from ._cdef import ffi
@@ -34,6 +34,16 @@ _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
 _UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _dims_cache: dict[tuple[int, ...], Any] = {}
+
+
+def _attempt(errors: list[Exception], step: Any, *args: Any, **kwargs: Any) -> bool:
+    """Run ``step``; on failure record the error in ``errors`` and return False."""
+    try:
+        step(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - collected and re-raised by the caller
+        errors.append(exc)
+        return False
+    return True
 
 
 def _dims(shape: tuple[int, ...]) -> Any:
@@ -241,7 +251,8 @@ class Client:
 
         Buffers and executables still referenced elsewhere become unusable (ValueError).
         Raises :class:`BufferViewedError` (and closes nothing) while host views of its
-        buffers (``Buffer.host_view()``) are alive.
+        buffers (``Buffer.host_view()``) are alive. A handle the plugin fails to destroy
+        does not stop the rest: everything is released, then the first error is raised.
         """
         if self._closed:
             return
@@ -255,26 +266,31 @@ class Client:
                         "buffers are alive; drop them (and every array made from them) first"
                     )
                 self._closed = True
+            # Every step runs even when one fails, so one bad handle cannot leak the rest.
+            errors: list[Exception] = []
             while self._live_buffers:
                 try:
                     _, entry = self._live_buffers.popitem()
                 except KeyError:  # emptied by a concurrent release
                     break
-                self._destroy_buffer(entry, None, wait=True)
+                _attempt(errors, self._destroy_buffer, entry, None, wait=True)
             while self._live_executables:
                 try:
                     _, entry = self._live_executables.popitem()
                 except KeyError:
                     break
-                self._destroy_executable(entry)
-            self._drain_pending_host(wait=True)
+                _attempt(errors, self._destroy_executable, entry)
+            _attempt(errors, self._drain_pending_host, wait=True)
             ptr, self._ptr = self._ptr, ffi.NULL
-            try:
-                self._lib.invoke("PJRT_Client_Destroy", client=ptr)
-            finally:
-                if self._kv is not None:
-                    self._kv.release()
-                _live_clients.discard(self)
+            _live_clients.discard(self)
+            if _attempt(errors, self._lib.invoke, "PJRT_Client_Destroy", client=ptr) and self._kv is not None:
+                self._kv.release()  # only once the plugin can no longer read the values
+        if errors:
+            for extra in errors[1:]:
+                logger.warning("closing the client on %r also failed: %s", self.plugin_name, extra)
+            if len(errors) > 1:
+                errors[0].add_note(f"{len(errors) - 1} more error(s) while closing this client were logged")
+            raise errors[0]
 
     def c_pointer(self) -> Any:
         """The live ``PJRT_Client*`` (a cffi pointer), for raw C API calls through ``self.library.call``.
@@ -302,6 +318,7 @@ class Client:
                     self._pending_host.append((event, host))
 
     def _destroy_executable(self, entry: tuple[Any, Any]) -> None:
+        """Destroy both handles of an executable, the second even when the first fails."""
         executable, loaded = entry
         try:
             self._lib.invoke("PJRT_Executable_Destroy", executable=executable)
@@ -311,18 +328,28 @@ class Client:
     def _settle_host_event(self, event: Any, wait: bool) -> bool:
         """Destroy a done-with-host-buffer event that has fired (with ``wait``: once it fires).
 
-        False (event kept) while the plugin may still read the host memory.
+        False (event kept) while the plugin may still read the host memory, or cannot say
+        whether it does: that memory is then kept until ``close`` awaits the event, never
+        freed under the plugin.
         """
         if wait:
             try:
                 self._lib.await_event(event, "PJRT_Client_BufferFromHostBuffer")
-            except PjrtError as exc:  # the transfer failed; the host memory is free either way
-                logger.debug("a host-to-device transfer reported %s", exc)
-        elif self._lib.event_is_ready(event):
-            self._lib.destroy_event(event)
-        else:
+            except PjrtPluginsError as exc:  # the transfer failed; the host memory is free either way
+                logger.debug("a host-to-device transfer on %r reported %s", self.plugin_name, str(exc))
+            return True
+        try:
+            ready = self._lib.event_is_ready(event)
+        except PjrtPluginsError as exc:
+            # str(exc): a record holding the exception would hold its frames, and the host memory in them
+            logger.warning("%s; keeping that transfer's host memory until the client closes", str(exc))
             return False
-        return True
+        if ready:
+            try:
+                self._lib.destroy_event(event)
+            except PjrtPluginsError as exc:  # the event fired: the host memory is free either way
+                logger.warning("%s", str(exc))
+        return ready
 
     def _drain_pending_host(self, wait: bool = False) -> None:
         """Let go of host memory whose transfers are done (all of it with ``wait``)."""
@@ -475,9 +502,7 @@ class Client:
             target._read_plan = buffer.read_plan()._replace(order=None)
         event = args.done_with_host_buffer
         if event != ffi.NULL:
-            if not zero_copy and self._lib.event_is_ready(event):
-                self._lib.destroy_event(event)
-            else:
+            if zero_copy or not self._settle_host_event(event, wait=False):
                 buffer._hold_host((array, data), event)
         if self._pending_host:
             self._drain_pending_host()
