@@ -10,7 +10,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import cffi
 import pytest
 
 from pjrt_plugins.runtime import _cdef
@@ -28,16 +27,10 @@ ENUMS = (
 
 def declared_structs() -> dict[str, list[tuple[str, int, int]]]:
     """``{struct: [(field, offset, size)]}`` for every struct with fields in our cdef."""
-    out = {}
-    for name in ffi.list_types()[0]:
-        try:
-            ctype = ffi.typeof(name)
-        except cffi.CDefError:  # a function typedef
-            continue
-        if ctype.kind != "struct" or not ctype.fields:
-            continue
-        out[name] = [(field, item.offset, ffi.sizeof(item.type)) for field, item in ctype.fields]
-    return out
+    return {
+        name: [(field, item.offset, ffi.sizeof(item.type)) for field, item in ctype.fields]
+        for name, ctype in _cdef.declared_structs()
+    }
 
 
 def compile_and_run(tmp_path: Path, gcc: str, prelude: str, body: list[str], *flags: str) -> list[list[str]]:

@@ -5,7 +5,8 @@ Import fixtures from here into a test module (``from _exec_support import engine
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import pjrt_plugins
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import _device, _executor, _lazy
 from pjrt_plugins.spmd._sharding import ShardingSpec
@@ -89,3 +91,35 @@ def check_all(names: Sequence[str], outs: Sequence[torch.Tensor], refs: Sequence
     for name, o, r in zip(names, outs, refs):
         rtol, atol = tolerances.get(name, (1e-5, 1e-6))
         assert_close(name, o, r, rtol, atol)
+
+
+class GatherFactor:
+    """A site override of the dense-gather factor hook (layer it with :func:`overriding`)."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    @pjrt_plugins.hookimpl
+    def pjrt_dense_gather_factor(self) -> int:
+        return self.factor
+
+
+class RngAlgorithm:
+    """A site override of the RNG default hook (layer it with :func:`overriding`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @pjrt_plugins.hookimpl
+    def pjrt_rng_default(self) -> str:
+        return self.name
+
+
+@contextlib.contextmanager
+def overriding(plugin: Any, override: object) -> Iterator[None]:
+    """``override`` layered over ``plugin`` for the block, removed afterwards."""
+    handle = plugin.add_override(override)
+    try:
+        yield
+    finally:
+        plugin.remove_override(handle)

@@ -10,11 +10,10 @@ import textwrap
 
 import torch
 
-import pjrt_plugins
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import _executor
 
-from _exec_support import engine, spec, trace  # noqa: F401
+from _exec_support import GatherFactor, engine, overriding, spec, trace  # noqa: F401
 
 
 def _key(fn, *args, shardings=(), vd=None, **options):
@@ -61,21 +60,12 @@ def test_same_step_hits_other_shapes_and_shardings_compile(engine):
     assert _executor.compiled_programs() == 3
 
 
-class _GatherFactor:
-    @pjrt_plugins.hookimpl
-    def pjrt_dense_gather_factor(self) -> int:
-        return 8192
-
-
 def test_changing_a_plugin_answer_recompiles(engine):
     _executor.clear_compile_cache()
     x = torch.randn(4, 4).to("pjrt")
     (x + 1).cpu()
-    override = engine.plugin.add_override(_GatherFactor())
-    try:
+    with overriding(engine.plugin, GatherFactor(8192)):
         (x + 1).cpu()
-    finally:
-        engine.plugin.remove_override(override)
     assert _executor.metrics().compiles == 2
 
 

@@ -12,11 +12,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import pjrt_plugins
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import _executor
 
-from _exec_support import assert_close, engine  # noqa: F401
+from _exec_support import GatherFactor, assert_close, engine, overriding  # noqa: F401
 
 
 class AttentionBlock(nn.Module):
@@ -79,19 +78,9 @@ def test_classifier_with_cross_entropy_matches_torch(engine):
         assert_close(f"{name}.grad", p.grad.cpu(), r.grad, rtol=1e-5, atol=1e-6)
 
 
-class _GatherFactor:
-    def __init__(self, factor: int) -> None:
-        self.factor = factor
-
-    @pjrt_plugins.hookimpl
-    def pjrt_dense_gather_factor(self) -> int:
-        return self.factor
-
-
 @pytest.mark.parametrize("factor,dense", [(0, False), (8192, True)])
 def test_embedding_lookup_and_gradient_under_both_gather_modes(engine, factor, dense):
-    override = engine.plugin.add_override(_GatherFactor(factor))
-    try:
+    with overriding(engine.plugin, GatherFactor(factor)):
         mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
         torch.manual_seed(4)
         ref = nn.Embedding(50, 12)
@@ -113,5 +102,3 @@ def test_embedding_lookup_and_gradient_under_both_gather_modes(engine, factor, d
             assert "stablehlo.gather" not in text and "stablehlo.scatter" not in text
         else:
             assert "stablehlo.gather" in text and "stablehlo.scatter" in text
-    finally:
-        engine.plugin.remove_override(override)

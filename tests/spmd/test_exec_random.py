@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import pjrt_plugins
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import _executor
 
-from _exec_support import engine  # noqa: F401
+from _exec_support import RngAlgorithm, engine, overriding  # noqa: F401
 
 
 def _dropout_run(seed: int, p: float = 0.3) -> torch.Tensor:
@@ -61,25 +60,13 @@ def test_randn_and_bernoulli_statistics(engine):
     assert set(b.unique().tolist()) <= {0.0, 1.0}
 
 
-class _RngAlgorithm:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @pjrt_plugins.hookimpl
-    def pjrt_rng_default(self) -> str:
-        return self.name
-
-
 def test_rng_algorithm_follows_the_plugins_rng_default(engine):
     seen = {}
     for name, mlir in [("three_fry", "THREE_FRY"), ("philox", "PHILOX")]:
-        override = engine.plugin.add_override(_RngAlgorithm(name))
-        try:
+        with overriding(engine.plugin, RngAlgorithm(name)):
             assert engine.plugin.rng_default() == name
             y = _dropout_run(77)
             text = _executor.last_program().lowered.text
-        finally:
-            engine.plugin.remove_override(override)
         assert f"algorithm = {mlir}" in text
         seen[name] = y
     # Same seed, different algorithm: different masks.

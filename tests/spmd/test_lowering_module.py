@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-import pjrt_plugins
 from pjrt_plugins.errors import LoweringError, UnsupportedOpError
 from pjrt_plugins.spmd import _executor
 from pjrt_plugins.spmd._lowering import (
@@ -23,7 +22,7 @@ from pjrt_plugins.spmd._lowering import (
 )
 from pjrt_plugins.spmd._lowering._mlir import make_context
 
-from _exec_support import assert_close, engine, run, spec, trace  # noqa: F401
+from _exec_support import GatherFactor, RngAlgorithm, assert_close, engine, overriding, run, spec, trace  # noqa: F401
 
 aten = torch.ops.aten
 
@@ -180,36 +179,15 @@ def test_gather_is_sparse_for_factor_zero_and_dense_within_factor_times_ten():
     assert "stablehlo.gather" in too_big
 
 
-class _GatherFactor:
-    def __init__(self, factor: int) -> None:
-        self.factor = factor
-
-    @pjrt_plugins.hookimpl
-    def pjrt_dense_gather_factor(self) -> int:
-        return self.factor
-
-
-class _RngAlgorithm:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @pjrt_plugins.hookimpl
-    def pjrt_rng_default(self) -> str:
-        return self.name
-
-
 def test_gather_lowering_asks_the_active_plugin_and_both_forms_agree(engine):
     table, idx = torch.randn(20, 6), torch.randint(0, 20, (4, 5))
     fn = lambda w, i: [F.embedding(i, w), w.index_select(0, i[0])]  # noqa: E731
     ref = fn(table, idx)
     texts = []
     for factor in (0, 8192):
-        override = engine.plugin.add_override(_GatherFactor(factor))
-        try:
+        with overriding(engine.plugin, GatherFactor(factor)):
             assert engine.plugin.dense_gather_factor() == factor
             outs, program = run(fn, [table, idx], [spec(None, 1), spec(0, None)])
-        finally:
-            engine.plugin.remove_override(override)
         for o, r in zip(outs, ref):
             assert_close(f"gather factor {factor}", o, r)
         texts.append(program.lowered.text)
@@ -222,12 +200,9 @@ def test_random_ops_use_the_plugins_rng_algorithm(engine):
     x = torch.zeros(16, 16)
     results = {}
     for name, mlir_name in [("three_fry", "THREE_FRY"), ("philox", "PHILOX"), ("default", "DEFAULT")]:
-        override = engine.plugin.add_override(_RngAlgorithm(name))
-        try:
+        with overriding(engine.plugin, RngAlgorithm(name)):
             _executor.manual_seed(7)
             outs, program = run(fn, [x], [spec(0, 1)])
-        finally:
-            engine.plugin.remove_override(override)
         assert f"algorithm = {mlir_name}" in program.lowered.text
         assert program.uses_rng
         u = outs[0]

@@ -7,7 +7,8 @@ STRUCT_SIZE is derived from cffi in one place. Never write an offset anywhere el
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import cffi
 
@@ -1126,21 +1127,22 @@ def field_end(struct: str, field: str) -> int:
     return item.offset + ffi.sizeof(item.type)
 
 
-def _struct_sizes() -> dict[str, int]:
-    """The end of the last field (the header's STRUCT_SIZE) for every struct we declare."""
-    sizes: dict[str, int] = {}
+def declared_structs() -> Iterator[tuple[str, Any]]:
+    """``(name, ctype)`` for every struct with fields that the cdef declares."""
     for name in ffi.list_types()[0]:
         try:
             ctype = ffi.typeof(name)
         except cffi.CDefError:  # a function typedef
             continue
-        if ctype.kind != "struct" or not ctype.fields:
-            continue
-        sizes[name] = field_end(name, ctype.fields[-1][0])
-    return sizes
+        if ctype.kind == "struct" and ctype.fields:
+            yield name, ctype
 
 
-#: STRUCT_SIZE of each declared struct, derived from cffi: the one source of truth.
+def _struct_sizes() -> dict[str, int]:
+    """The end of the last field (the header's STRUCT_SIZE) for every struct we declare."""
+    return {name: field_end(name, ctype.fields[-1][0]) for name, ctype in declared_structs()}
+
+
 STRUCT_SIZE: dict[str, int] = _struct_sizes()
 
 #: Slot index and metadata by function name.
