@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
-from _support import package_file
 from conform_support import HERE, CliRun, clean_env
 
 
@@ -32,23 +31,7 @@ def run_cli() -> Callable[..., CliRun]:
 
 
 @pytest.fixture(scope="session")
-def stub_library() -> Path:
-    path = package_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
-    if path is None:
-        pytest.skip("pjrt-plugin-stub-neuron (with its built library) is not installed")
-    return path
-
-
-@pytest.fixture(scope="session")
-def pjrt_header_dir() -> Path:
-    header = package_file("xla_plugins.xla_cpu_pjrt", "include/pjrt_c_api.h")
-    if header is None:
-        pytest.skip("the xla-cpu-pjrt wheel (source of pjrt_c_api.h) is not installed")
-    return header.parent
-
-
-@pytest.fixture(scope="session")
-def fake_plugin(tmp_path_factory: pytest.TempPathFactory, gcc: str, stub_library: Path, pjrt_header_dir: Path):
+def fake_plugin(tmp_path_factory: pytest.TempPathFactory, gcc: str, stub_library: Path, pjrt_header: Path):
     """``fake_plugin("FAKE_SEGV_F16")``: a broken PJRT library wrapping the stub (None: a healthy copy)."""
     out = tmp_path_factory.mktemp("fake-plugins")
     built: dict[str, Path] = {}
@@ -60,7 +43,7 @@ def fake_plugin(tmp_path_factory: pytest.TempPathFactory, gcc: str, stub_library
         flags = [f"-D{defect}"] if defect else []
         digest = hashlib.sha256(key.encode()).hexdigest()[:8]
         library = out / f"libfake_{key.lower()}_{digest}.so"
-        command = [gcc, "-shared", "-fPIC", "-O1", "-std=c11", "-D_DEFAULT_SOURCE", f"-I{pjrt_header_dir}",
+        command = [gcc, "-shared", "-fPIC", "-O1", "-std=c11", "-D_DEFAULT_SOURCE", f"-I{pjrt_header.parent}",
                    f'-DFAKE_TARGET="{stub_library}"', *flags, "-o", str(library), str(HERE / "fake_plugin.c"), "-ldl"]
         result = subprocess.run(command, capture_output=True, text=True)
         assert result.returncode == 0, f"gcc failed: {' '.join(command)}\n{result.stderr}"

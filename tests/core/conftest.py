@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pluggy
 import pytest
-from _support import package_file
 
 import pjrt_plugins
 
@@ -159,12 +158,9 @@ def run_installed(site: SiteDir):
 
 
 @pytest.fixture
-def cpu_library() -> str:
-    """The real XLA CPU PJRT plugin shipped by the xla-cpu-pjrt wheel (resolved: as /proc/self/maps shows it)."""
-    path = package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
-    if path is None:
-        raise FileNotFoundError("xla-cpu-pjrt is not installed, or lacks its shared library xla_cpu_pjrt.so")
-    return str(path.resolve())
+def cpu_library(cpu_library_path: Path) -> str:
+    """The real CPU plugin's path resolved, as /proc/self/maps shows it."""
+    return str(cpu_library_path.resolve())
 
 
 @pytest.fixture

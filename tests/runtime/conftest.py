@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from _support import package_file
 from runtime_support import CPU_OPTION_SCHEMA
 
 HERE = Path(__file__).resolve().parent
@@ -16,19 +15,8 @@ SHIM_SOURCE = HERE / "shim_plugin.c"
 
 
 @pytest.fixture(scope="session")
-def cpu_library_path() -> Path:
-    path = package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
-    if path is None:
-        pytest.skip("the xla-cpu-pjrt wheel (the real CPU PJRT plugin) is not installed")
-    return path
-
-
-@pytest.fixture(scope="session")
-def cpu_header_dir(cpu_library_path: Path) -> Path:
-    include = cpu_library_path.parent / "include"
-    if not (include / "pjrt_c_api.h").is_file():
-        pytest.skip("the CPU plugin wheel ships no pjrt_c_api.h")
-    return include
+def cpu_header_dir(pjrt_header: Path) -> Path:
+    return pjrt_header.parent
 
 
 @pytest.fixture(scope="session")

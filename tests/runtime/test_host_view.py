@@ -9,7 +9,7 @@ import weakref
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import package_file, run_on_threads
+from _support import run_on_threads
 from runtime_support import COLUMN_MAJOR_TRANSPOSE, CPU_OPTION_SCHEMA, aligned
 
 from pjrt_plugins.errors import BufferViewedError, HostViewUnavailableError
@@ -191,10 +191,8 @@ def test_device_memory_plugins_refuse_views_and_keep_the_transfer_path(build_shi
         assert not target[:, :2].any() and not target[:, 6:].any()
 
 
-def test_the_stub_plugin_refuses_views():
-    path = package_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
-    if path is None:
-        pytest.skip("pjrt-plugin-stub-neuron is not installed")
+def test_the_stub_plugin_refuses_views(stub_library):
+    path = stub_library
     with Client(path, {"num_devices": 2}, schema={"num_devices": int}) as client:
         data = np.arange(6, dtype=np.int32).reshape(3, 2)
         buf = client.buffer_from_host(data, device=client.devices[1])

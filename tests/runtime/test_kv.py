@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 from runtime_support import shim_report
-from _support import package_file, run_on_threads
+from _support import run_on_threads
 
 from pjrt_plugins.runtime import Client, load_library
 from pjrt_plugins.runtime._cdef import STRUCT_SIZE, ffi
@@ -83,10 +83,8 @@ def test_store_without_the_protocol_is_refused_before_the_c_call(cpu_library_pat
         Client(cpu_library_path, kv_store=GetOnly())
 
 
-def test_two_stub_nodes_exchange_devices_through_one_store():
-    path = package_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
-    if path is None:
-        pytest.skip("pjrt-plugin-stub-neuron is not installed")
+def test_two_stub_nodes_exchange_devices_through_one_store(stub_library):
+    path = stub_library
     schema = {"num_devices": int, "node_id": int, "num_nodes": int, "kv_timeout_ms": int}
     store = MemoryKvStore()
     clients: dict[int, Client] = {}

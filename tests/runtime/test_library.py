@@ -287,10 +287,8 @@ def test_cuda_plugin_without_a_gpu_fails_fast_with_code_9(python_subprocess):
     assert "ERROR 9 FAILED_PRECONDITION No visible GPU devices." in result.stdout
 
 
-def test_stub_plugin_loads_and_runs_buffers():
-    path = package_file("pjrt_plugin_stub_neuron", "libpjrt_stub_neuron.so")
-    if path is None:
-        pytest.skip("pjrt-plugin-stub-neuron is not installed")
+def test_stub_plugin_loads_and_runs_buffers(stub_library):
+    path = stub_library
     lib = load_library(path)
     assert lib.api_version[0] == 0 and lib.api_version[1] >= MIN_SUPPORTED_MINOR
     with Client(lib, {"num_devices": 2}, schema={"num_devices": int}) as client:

@@ -10,7 +10,6 @@ import ctypes
 from pathlib import Path
 
 import pytest
-from _support import package_file
 from stub_neuron_testkit import NEURON_ENV_VARS
 
 import pjrt_plugin_stub_neuron
@@ -34,6 +33,7 @@ def stub() -> StubNeuronPlugin:
 
 @pytest.fixture(scope="session")
 def stub_library() -> Path:
+    """Overrides tests/conftest.py's: found through the package's own ``stub_library_path()``."""
     path = pjrt_plugin_stub_neuron.stub_library_path()
     assert path.is_file(), (
         f"{path} is missing: install the stub first "
@@ -51,10 +51,3 @@ def live_objects(stub_library: Path):
     return counter
 
 
-@pytest.fixture(scope="session")
-def pjrt_header() -> Path:
-    """The official pjrt_c_api.h shipped in the installed xla-cpu-pjrt wheel."""
-    header = package_file("xla_plugins.xla_cpu_pjrt", "include/pjrt_c_api.h")
-    if header is None:
-        pytest.fail("xla-cpu-pjrt (the stub's build requirement) is not installed, or lacks include/pjrt_c_api.h")
-    return header
