@@ -1,22 +1,92 @@
-"""What ``doctor`` and ``conform`` share about their child processes: the environment, and how a death is told.
+"""What ``list``, ``doctor`` and ``conform`` share about their child processes: how one starts, how it talks, how a death is told.
 
-Both run vendor-library work in a child so a crash or hang cannot take the parent down.
-Nothing here starts a process or imports the runtime.
+They run plugin code in a child so a crash or hang cannot take the parent down.
+A child starts isolated (``python -I``: no current directory, no ``PYTHON*``
+variables, no user site) with exactly the parent's import path, so a ``json.py``
+in an untrusted working directory is never imported while the installed
+packages, editable installs included, are found as in the parent. Nothing here
+imports the runtime.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import site
 import sys
+from typing import Any, TextIO
+
+#: Carries the parent's import path to the child (read and removed by the bootstrap below).
+CHILD_PATH_VAR = "PJRT_PLUGINS_CHILD_PATH"
+
+# Runs in the child under -I: take the parent's path, process the user site's .pth files when
+# the parent used them (-I skips them), then run the module as `python -m` would.
+_BOOTSTRAP = (
+    "import json, os, runpy, site, sys\n"
+    f"paths, user_site = json.loads(os.environ.pop({CHILD_PATH_VAR!r}))\n"
+    "sys.path[:] = paths\n"
+    "if user_site:\n"
+    "    site.addsitedir(user_site)\n"
+    "del sys.argv[0]\n"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+)
 
 
-def child_environment() -> dict[str, str]:
-    """This process's environment for a child that must see exactly the distributions this process sees."""
+def safe_import_path() -> list[str]:
+    """This process's ``sys.path`` without the entries that mean "the current directory".
+
+    Python puts ``''`` (``-c``) or the working directory (``-m``) first; a child must
+    not import from there, since the user may be standing in a directory they do not trust.
+    """
+    cwd = os.getcwd()
+    paths = [p for p in sys.path if p]
+    if paths and sys.path and sys.path[0] in ("", cwd):
+        if sys.path[0] == cwd:
+            paths = paths[1:]
+    return paths
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """The argv that runs ``python -m module args...`` isolated; pair it with :func:`child_environment`."""
+    return [sys.executable, "-I", "-u", "-c", _BOOTSTRAP, module, *args]
+
+
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for :func:`python_command`: this one plus the import path to use."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    env["PYTHONUNBUFFERED"] = "1"
+    user_site = site.USER_SITE if site.ENABLE_USER_SITE and site.USER_SITE in sys.path else None
+    env[CHILD_PATH_VAR] = json.dumps([safe_import_path(), user_site])
+    env.update(extra or {})
     return env
+
+
+def open_event_channel() -> TextIO:
+    """In a child: a private duplicate of stdout for events; fd 1 then points at stderr.
+
+    Whatever plugin code prints (Python or C) lands on stderr, so it can neither
+    corrupt nor imitate the events the parent reads.
+    """
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return channel
+
+
+def emit(channel: TextIO, mark: str, **event: Any) -> None:
+    channel.write(mark + json.dumps(event, default=str) + "\n")
+    channel.flush()
+
+
+def parse_event(line: str, mark: str) -> dict[str, Any] | None:
+    """The event on ``line``, or ``None`` for anything else (a stray line is never fatal)."""
+    if not line.startswith(mark):
+        return None
+    try:
+        event = json.loads(line[len(mark) :])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def describe_exit(returncode: int) -> str:

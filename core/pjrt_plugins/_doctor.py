@@ -6,17 +6,18 @@ library that hangs or aborts is reported, never able to hang or kill the doctor.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
-from ._child_process import child_environment, describe_exit, output_tail
+from ._child_process import child_environment, describe_exit, open_event_channel, output_tail, parse_event, python_command
+from ._child_process import emit as emit_event
 from ._registry import PluginRecord
 
 _MARK = "@@pjrt-plugins-doctor@@ "
+_channel: TextIO | None = None  # the child's private event channel (set by probe)
 DEFAULT_TIMEOUT_S = 60.0
 STAGES = ("loaded", "available", "library", "api version", "client")
 
@@ -79,7 +80,7 @@ def _hint_of(error: BaseException | None) -> str:
 
 
 def _probe_in_child(name: str, timeout: float) -> list[Check]:
-    command = [sys.executable, "-m", "pjrt_plugins._doctor", name]
+    command = python_command("pjrt_plugins._doctor", name)
     started = time.monotonic()
     try:
         proc = subprocess.run(
@@ -118,14 +119,17 @@ def _parse_child_output(stdout: str) -> tuple[list[Check], str | None]:
     checks: list[Check] = []
     current = None
     for line in stdout.splitlines():
-        if not line.startswith(_MARK):
+        event = parse_event(line, _MARK)
+        if event is None:
             continue
-        event = json.loads(line[len(_MARK) :])
         if "start" in event:
-            current = event["start"]
-        else:
+            current = str(event["start"])
+            continue
+        try:
             checks.append(Check(**event))
-            current = None
+        except TypeError:  # not one of ours: ignore it, as any other stray line
+            continue
+        current = None
     return checks, current
 
 
@@ -142,8 +146,7 @@ def _crash_fix(returncode: int, name: str) -> str:
 
 
 def _emit(**event: Any) -> None:
-    sys.stdout.write(_MARK + json.dumps(event) + "\n")
-    sys.stdout.flush()
+    emit_event(_channel if _channel is not None else sys.stdout, _MARK, **event)
 
 
 def _run_stage(stage: str, action: Any, fix: str) -> Any:
@@ -217,4 +220,5 @@ def probe(name: str) -> None:
 
 
 if __name__ == "__main__":  # python -m pjrt_plugins._doctor NAME
+    _channel = open_event_channel()  # the plugin's own prints go to stderr, never among the events
     probe(sys.argv[1])

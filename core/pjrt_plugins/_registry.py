@@ -26,21 +26,37 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable naming the default plugin (as in PyTorch/XLA), any case.
 PJRT_DEVICE_VAR = "PJRT_DEVICE"
-_BAD_NAME_CHARS = re.compile(r"[\s,:=;/\\]")
+_NAME = re.compile(r"[a-z0-9._-]+")
 
 
 def canonical_name(name: str) -> str:
-    """The one spelling of a plugin name used everywhere: stripped and lower-case.
+    """The one spelling of a plugin name used everywhere: NFKC-normalized, stripped, lower-case.
 
-    Raises ``ValueError`` for an empty name or one with whitespace or any of
-    ``, : = ; / \\`` (they would not survive the environment-variable formats).
+    NFKC folds look-alikes such as fullwidth ``ｃｐｕ`` into ``cpu``. What is left
+    must be ASCII letters, digits, ``-``, ``_`` or ``.``; anything else (whitespace,
+    ``, : = ; / \\``, which the environment-variable formats cannot carry, or an
+    invisible character such as a zero-width space) raises ``ValueError`` naming it.
     """
     if not isinstance(name, str):
         raise TypeError(f"a plugin name must be a str, got {type(name).__name__}")
-    canonical = name.strip().lower()
-    if not canonical or _BAD_NAME_CHARS.search(canonical):
-        raise ValueError(f"invalid plugin name {name!r}: use letters, digits, '-', '_' or '.'")
+    canonical = name
+    if not canonical.isascii():
+        import unicodedata  # only for the rare non-ASCII name
+
+        canonical = unicodedata.normalize("NFKC", canonical)
+    canonical = canonical.strip().lower()
+    if not _NAME.fullmatch(canonical):
+        raise ValueError(f"invalid plugin name {name!r}{_odd_characters(canonical)}: use ASCII letters, digits, '-', '_' or '.'")
     return canonical
+
+
+def _odd_characters(text: str) -> str:
+    odd = sorted({ch for ch in text if not _NAME.fullmatch(ch)})
+    if not odd or all(ch.isascii() for ch in odd):
+        return ""
+    import unicodedata
+
+    return " (it contains " + ", ".join(f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed character')}" for ch in odd) + ")"
 
 
 class PluginRecord:

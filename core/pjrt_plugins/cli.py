@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,17 @@ EXTENSION_COMMANDS: tuple[tuple[str, str], ...] = (
 
 class UsageError(Exception):
     """Bad command-line input found after parsing (exit status 2)."""
+
+
+def seconds(text: str) -> float:
+    """argparse type of a time limit: a finite number of seconds above zero (``inf``, ``nan``, ``0`` refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0, e.g. 60")
+    return value
 
 
 # -- list ------------------------------------------------------------------------------
@@ -327,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="plugins to check (default: all)")
     p.add_argument(
-        "--timeout", type=float, default=DOCTOR_TIMEOUT_S,
+        "--timeout", type=seconds, default=DOCTOR_TIMEOUT_S,
         help=f"seconds allowed per plugin (default: {DOCTOR_TIMEOUT_S:g})",
     )
     p.set_defaults(handler=cmd_doctor)

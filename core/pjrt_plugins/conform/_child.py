@@ -8,25 +8,18 @@ crash or hang interrupted. The plugin's own prints to stdout go to stderr.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any, TextIO
+
+from .._child_process import emit as emit_event
+from .._child_process import open_event_channel
 
 #: Prefix of every event line (anything else on the channel is ignored).
 EVENT_MARK = "@@pjrt-plugins-conform@@ "
 
 
-def _open_event_channel() -> TextIO:
-    """A private duplicate of stdout for events; fd 1 then points at stderr (C libraries print there)."""
-    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    sys.stdout.flush()
-    os.dup2(2, 1)
-    return channel
-
-
 def emit(channel: TextIO, **event: Any) -> None:
-    channel.write(EVENT_MARK + json.dumps(event, default=str) + "\n")
-    channel.flush()
+    emit_event(channel, EVENT_MARK, **event)
 
 
 def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
@@ -74,7 +67,7 @@ def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
 
 
 def main() -> None:
-    channel = _open_event_channel()
+    channel = open_event_channel()
     plan = json.loads(sys.stdin.read())
     run_plan(plan, channel)
     channel.flush()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._child_process import child_environment, describe_exit, output_tail
+from .._child_process import child_environment, describe_exit, output_tail, parse_event, python_command
 from ._child import EVENT_MARK
 from ._report import CheckResult, Report, Status
 from ._target import Target
@@ -166,7 +166,7 @@ class _ChildRun:
         self._stderr = tempfile.TemporaryFile(mode="w+b")
         plan = {"target": target.to_json(), "pending": pending, "statuses": statuses}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "pjrt_plugins.conform._child"],
+            python_command("pjrt_plugins.conform._child"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -202,11 +202,8 @@ class _ChildRun:
             if line is None:
                 break
             text = line.decode("utf-8", "replace")
-            if not text.startswith(EVENT_MARK):
-                continue
-            try:
-                event = json.loads(text[len(EVENT_MARK) :])
-            except json.JSONDecodeError:
+            event = parse_event(text, EVENT_MARK)
+            if event is None:
                 continue
             kind = event.get("event")
             if kind == "start":

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._registry import plugin_record
+from ..errors import PluginNotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -39,34 +40,43 @@ class Target:
 
 
 def looks_like_path(argument: str) -> bool:
-    """A library path rather than a plugin name (plugin names cannot contain ``/``)."""
-    return os.sep in argument or argument.endswith(_LIBRARY_SUFFIXES) or os.path.isfile(argument)
+    """A library path rather than a plugin name: it contains ``/`` or ends in ``.so`` (``.dylib``, ``.dll``).
+
+    Whether a file of that name exists does not matter: a file called ``cpu`` in the
+    working directory must never be taken for the ``cpu`` plugin (write ``./cpu``).
+    """
+    return "/" in argument or os.sep in argument or argument.endswith(_LIBRARY_SUFFIXES)
 
 
 def resolve_target(argument: str, *, bare: bool = False) -> Target:
     """Turn the command-line argument into a :class:`Target`.
 
-    A path to the library of a registered plugin is checked through that plugin
-    (its hooks, its preflight: libtpu off a TPU VM must never be initialized). An
-    unknown plugin name raises :class:`~pjrt_plugins.PluginNotFoundError` listing
-    the installed ones; a plugin that fails to load is still a target (its load
-    check then FAILs). ``bare=True`` checks a library path without any plugin's
-    hooks, even when a plugin owns it.
+    A registered plugin name wins; anything else must look like a path
+    (:func:`looks_like_path`). A path to the library of a registered plugin is
+    checked through that plugin (its hooks, its preflight: libtpu off a TPU VM must
+    never be initialized). An unknown name raises
+    :class:`~pjrt_plugins.PluginNotFoundError` listing the installed ones; a plugin
+    that fails to load is still a target (its load check then FAILs). ``bare=True``
+    checks a library path without any plugin's hooks, even when a plugin owns it.
     """
     if bare and not looks_like_path(argument):
-        raise ValueError(f"--bare needs the path of a PJRT library, not the plugin name {argument!r}")
-    if looks_like_path(argument):
-        path = os.path.abspath(os.path.expanduser(argument))
-        owner = None if bare else _plugin_owning(path)
-        if owner is not None:
-            return Target(
-                argument,
-                "plugin",
-                plugin=owner,
-                note=f"{path} is the library of the registered plugin {owner!r}; checked through that plugin's hooks",
-            )
-        return Target(argument, "library", library_path=path)
-    return Target(argument, "plugin", plugin=plugin_record(argument).name)
+        raise ValueError(f"--bare needs the path of a PJRT library (containing '/' or ending in .so), not {argument!r}")
+    if not looks_like_path(argument):
+        try:
+            return Target(argument, "plugin", plugin=plugin_record(argument).name)
+        except PluginNotFoundError as exc:
+            hint = f" To check the file {argument!r} in this directory, write ./{argument}." if os.path.isfile(argument) else ""
+            raise PluginNotFoundError(f"{exc}{hint}") from None
+    path = os.path.abspath(os.path.expanduser(argument))
+    owner = None if bare else _plugin_owning(path)
+    if owner is not None:
+        return Target(
+            argument,
+            "plugin",
+            plugin=owner,
+            note=f"{path} is the library of the registered plugin {owner!r}; checked through that plugin's hooks",
+        )
+    return Target(argument, "library", library_path=path)
 
 
 def _plugin_owning(path: str) -> str | None:

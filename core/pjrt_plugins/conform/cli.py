@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a registered plugin name (see `pjrt-plugins list`) or the path of a PJRT library (.so)")
     parser.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
                         help="client create option (repeatable), typed by the plugin's schema, e.g. -o cpu_device_count=4")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    from ..cli import seconds
+
+    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds allowed for each check before the plugin is declared hung "
                         f"(default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE (for --diff later)")
@@ -55,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
         return _run_diff(args, EXIT_OK, EXIT_FAILURE)
     if not args.target:
         raise UsageError("give a plugin name or a library path (or --diff BEFORE AFTER)")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
     report = _run_checks(args)
     if args.report:
         report.write(args.report)
