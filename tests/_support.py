@@ -7,10 +7,24 @@ this folder on ``sys.path``. Nothing here imports torch, jax or the runtime.
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+
+#: Variables that must not leak from the developer's shell into a child that stands for a new user's session.
+LEAKY_ENV_PREFIXES = ("PJRT_", "TPU_", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "CUDA_VISIBLE_DEVICES", "NEURON",
+                      "XLA_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                      "RANK", "WORLD_SIZE", "GROUP_RANK")
+
+
+def clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without :data:`LEAKY_ENV_PREFIXES`, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_ENV_PREFIXES)}
+    env.update(extra or {})
+    return env
 
 
 def package_file(module: str, relative: str) -> Path | None:

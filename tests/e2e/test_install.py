@@ -24,6 +24,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from _support import clean_environment
 from pjrt_plugins.conform._programs import spmd_square_and_sum
 
 pytestmark = pytest.mark.e2e
@@ -40,10 +41,6 @@ PROJECTS = {
 BACKENDS = {"cpu", "gpu", "tpu", "stub_neuron"}
 #: Never copied into a build: outputs of earlier builds, caches, compiled objects.
 BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o", ".pytest_cache")
-#: Variables that must not leak from the developer's shell into the new environment.
-LEAKY_ENV_PREFIXES = ("PJRT_", "TPU_", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "CUDA_VISIBLE_DEVICES", "NEURON",
-                      "XLA_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                      "RANK", "WORLD_SIZE", "GROUP_RANK")
 
 #: x * x and sum(x * x) of a 16-vector split over 8 devices (the conformance kit's program, built here).
 SPMD_PROGRAM = spmd_square_and_sum(8, shard_length=2)
@@ -68,7 +65,7 @@ class FreshVenv:
         return subprocess.run(
             [str(self.python), *args],
             cwd=self.workdir,
-            env=_clean_environment(env),
+            env=clean_environment(env),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -78,16 +75,10 @@ class FreshVenv:
         """The running interpreter's pip, acting on the new environment (it has no pip of its own)."""
         command = [sys.executable, "-m", "pip", "--python", str(self.python), "--disable-pip-version-check"]
         command += ["--no-input", *args]
-        env = _clean_environment({"PIP_CONFIG_FILE": os.devnull})
+        env = clean_environment({"PIP_CONFIG_FILE": os.devnull})
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
         return result
-
-
-def _clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_ENV_PREFIXES)}
-    env.update(extra or {})
-    return env
 
 
 # -- building ----------------------------------------------------------------------------------
