@@ -349,7 +349,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    A reader that stops early (``pjrt-plugins list | head -1``) ends the command quietly
+    with status 0, as it got what it asked for.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_OK
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     import pjrt_plugins
 
     parser = build_parser()
@@ -361,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))  # exits with status 2
     except pjrt_plugins.PjrtPluginsError as exc:
         return _fail(args, exc)
+    except BrokenPipeError:
+        raise  # the reader went away: main() ends quietly
     except (ValueError, TypeError, OSError) as exc:  # e.g. a bad option value refused before the C call
         return _fail(args, exc)
     return EXIT_FAILURE  # pragma: no cover - parser.error does not return

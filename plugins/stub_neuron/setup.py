@@ -25,6 +25,12 @@ LIBRARY = "pjrt_plugin_stub_neuron.libpjrt_stub_neuron"  # -> pjrt_plugin_stub_n
 SOURCES = ["csrc/api.c", "csrc/client.c", "csrc/buffer.c"]
 HEADER_ENV = "PJRT_C_API_HEADER"
 OLDEST_TESTED_MINOR = 81
+#: The one symbol a PJRT plugin exports; everything else stays local, whatever the sources declare.
+EXPORTED_SYMBOLS = ["GetPjrtApi"]
+#: Set to 1 at build time to also export the debug counter the stub's own tests read
+#: (scripts/setup does); release builds leave it unset.
+TEST_EXPORTS_ENV = "STUB_NEURON_TEST_EXPORTS"
+TEST_SYMBOLS = ["StubNeuron_LiveObjectCount"]
 
 
 def find_pjrt_header() -> Path:
@@ -37,7 +43,10 @@ def find_pjrt_header() -> Path:
         if not path.is_file():
             raise SystemExit(f"{HEADER_ENV}={override!r} does not name a pjrt_c_api.h file (or a folder holding one)")
         return path.resolve()
-    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")  # finds the package without importing it
+    try:
+        spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")  # finds the package without importing it
+    except ModuleNotFoundError:  # no xla_plugins namespace at all: xla-cpu-pjrt is not installed
+        spec = None
     for folder in (spec.submodule_search_locations or []) if spec else []:
         candidate = Path(folder) / "include" / "pjrt_c_api.h"
         if candidate.is_file():
@@ -81,7 +90,18 @@ class BuildPjrtLibrary(build_ext):
         linker = getattr(self.compiler, "linker_so", None)
         if isinstance(linker, list):
             self.compiler.linker_so = [arg for arg in linker if not arg.startswith("-Wl,-rpath")]
+        ext.extra_link_args = [*ext.extra_link_args, f"-Wl,--version-script={self._version_script()}"]
         super().build_extension(ext)
+
+    def _version_script(self) -> Path:
+        """A linker version script that exports GetPjrtApi (and the test counter if asked) and nothing else."""
+        symbols = list(EXPORTED_SYMBOLS)
+        if os.environ.get(TEST_EXPORTS_ENV, "").strip() == "1":
+            symbols += TEST_SYMBOLS
+        script = Path(self.build_temp) / "exports.map"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("{\n  global: " + " ".join(f"{name};" for name in symbols) + "\n  local: *;\n};\n")
+        return script
 
 
 class PlatformWheel(bdist_wheel):
@@ -101,8 +121,9 @@ setup(
             LIBRARY,
             sources=SOURCES,
             depends=["csrc/stub_neuron.h"],
-            extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            extra_link_args=["-pthread"],
+            # -g0 after Python's own CFLAGS (which carry -g): a release library without debug info.
+            extra_compile_args=["-std=c11", "-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread", "-Wl,--strip-debug"],
         )
     ],
     cmdclass={"build_ext": BuildPjrtLibrary, "bdist_wheel": PlatformWheel},

@@ -4,6 +4,7 @@ built wheels of pjrt-plugins carry the template."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,12 @@ def test_the_generated_package_is_renamed_throughout(tmp_path):
         text = path.read_text().replace("from the stub_neuron template", "")  # pyproject's description
         if path.name != "README.md":
             assert "neuron" not in text.lower(), f"{path} still mentions neuron"
+        assert "aws" not in text.lower(), f"{path} still names AWS"
+    code = "".join(p.read_text() for p in files if p.suffix in (".py", ".c", ".h"))
+    readme_variables = set(re.findall(r"`(ACME[A-Z_]*)`", (root / "README.md").read_text()))
+    assert "ACMECORE_NUM_DEVICES" in readme_variables
+    for variable in readme_variables:
+        assert f'"{variable}"' in code, f"the README names {variable}, which the generated code never reads"
     pyproject = (root / "pyproject.toml").read_text()
     assert 'name = "pjrt-plugin-acme"' in pyproject and 'acme = "pjrt_plugin_acme:AcmePlugin"' in pyproject
     assert '"pjrt_plugin_acme.libpjrt_acme"' in (root / "setup.py").read_text()

@@ -46,7 +46,11 @@ def stub_library() -> Path:
 def live_objects(stub_library: Path):
     """``live_objects()``: heap objects the stub library holds now (its debug counter)."""
     library = ctypes.CDLL(str(stub_library))  # the same mapping the runtime dlopen'ed
-    counter = library.StubNeuron_LiveObjectCount
+    try:
+        counter = library.StubNeuron_LiveObjectCount
+    except AttributeError:
+        pytest.fail(f"{stub_library} is a release build without the test counter: reinstall it with "
+                    "STUB_NEURON_TEST_EXPORTS=1 (scripts/setup does)")
     counter.restype = ctypes.c_int64
     return counter
 

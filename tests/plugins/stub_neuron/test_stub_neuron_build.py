@@ -29,7 +29,7 @@ def source_copy(tmp_path: Path) -> Path:
 
 
 def _pip_wheel(source: Path, out: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PJRT_C_API_HEADER"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_C_API_HEADER", "STUB_NEURON_TEST_EXPORTS")}
     env.update(env_extra or {})
     command = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
@@ -49,10 +49,58 @@ def test_wheel_contains_the_compiled_library_and_no_header(source_copy, tmp_path
     assert not any(name.endswith((".h", ".c")) for name in names)
     assert "[torch_xla.plugins]\nstub_neuron = pjrt_plugin_stub_neuron:StubNeuronPlugin" in entry_points
 
-    library = ctypes.CDLL(str(tmp_path / "unpacked" / "pjrt_plugin_stub_neuron" / "libpjrt_stub_neuron.so"))
+    built = tmp_path / "unpacked" / "pjrt_plugin_stub_neuron" / "libpjrt_stub_neuron.so"
+    assert _dynamic_symbols(built) == ["GetPjrtApi"]  # no debug counter, no internal function
+    assert not [s for s in _section_names(built) if s.startswith(".debug")]  # no debug info
+    library = ctypes.CDLL(str(built))
     assert library.GetPjrtApi  # the one PJRT export
     with pytest.raises(AttributeError):
-        library.StubClient_Create  # internal functions stay hidden (-fvisibility=hidden)
+        library.StubNeuron_LiveObjectCount  # the tests' counter is in test builds only
+
+
+def _dynamic_symbols(library: Path) -> list[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True).stdout
+    return sorted(line.split()[-1] for line in out.splitlines() if line.split()[1:2] != ["A"])
+
+
+def _section_names(library: Path) -> list[str]:
+    out = subprocess.run(["readelf", "-SW", str(library)], capture_output=True, text=True, check=True).stdout
+    return [line.split("]", 1)[1].split()[0] for line in out.splitlines() if line.lstrip().startswith("[") and "]" in line
+            and line.split("]", 1)[1].strip()]
+
+
+def test_a_test_build_also_exports_the_live_object_counter(source_copy, tmp_path, gcc):
+    done = _pip_wheel(source_copy, tmp_path / "wheels", {"STUB_NEURON_TEST_EXPORTS": "1"})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract("pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so", tmp_path / "unpacked")
+    built = tmp_path / "unpacked" / "pjrt_plugin_stub_neuron" / "libpjrt_stub_neuron.so"
+    assert _dynamic_symbols(built) == ["GetPjrtApi", "StubNeuron_LiveObjectCount"]
+
+
+#: Runs setup.py as if xla-cpu-pjrt were not installed: its xla_plugins namespace cannot be found.
+_BUILD_WITHOUT_XLA_CPU_PJRT = """\
+import importlib.abc, runpy, sys
+class WithoutXlaPlugins(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "xla_plugins":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, WithoutXlaPlugins())
+sys.argv = ["setup.py", "build_ext", "--build-temp", "tmp-build", "--build-lib", "tmp-lib"]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+def test_without_isolation_or_xla_cpu_pjrt_the_build_asks_for_the_header(source_copy, gcc):
+    """Built with the environment's setuptools (no isolation) where xla-cpu-pjrt is absent: setup.py's own message."""
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_WITHOUT_XLA_CPU_PJRT], cwd=source_copy, capture_output=True, text=True,
+        timeout=300, env={k: v for k, v in os.environ.items() if k != "PJRT_C_API_HEADER"},
+    )
+    assert done.returncode != 0
+    assert "ModuleNotFoundError" not in done.stderr, done.stderr[-3000:]
+    assert "set PJRT_C_API_HEADER=" in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_header_from_pjrt_c_api_header_is_used(source_copy, tmp_path, gcc, pjrt_header):
