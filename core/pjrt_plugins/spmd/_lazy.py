@@ -325,6 +325,8 @@ def _arg_spec(value: Any, any_float: bool = False) -> Any:
 def _out_spec(meta: Any) -> Any:
     if isinstance(meta, torch.Tensor):
         return ("T", tuple(meta.shape), meta.dtype)
+    if meta is None:
+        return ("N",)  # an output the caller did not ask for (convolution_backward's output_mask)
     if isinstance(meta, (tuple, list)):
         return ("L" if isinstance(meta, list) else "U", tuple(_out_spec(m) for m in meta))
     return ("X", type(meta).__name__)
@@ -391,9 +393,10 @@ def _output_meta(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _only_tensors(spec: Any) -> bool:
+    """A tensor, or a tuple/list of tensors and Nones (outputs an op was told not to compute)."""
     if spec[0] == "T":
         return True
-    return spec[0] in ("L", "U") and all(_only_tensors(s) for s in spec[1])
+    return spec[0] in ("L", "U") and all(s[0] == "N" or _only_tensors(s) for s in spec[1])
 
 
 def _sig(value: Any) -> Any:
@@ -474,6 +477,9 @@ def _record(func: Any, args: tuple, kwargs: dict) -> Any:
         node.meta["val"] = tuple(meta_out)
         outs = []
         for i, m in enumerate(meta_out):
+            if m is None:
+                outs.append(None)
+                continue
             item = trace.graph.call_function(operator.getitem, (node, i), name="getitem")
             _new_node(trace, item, ("getitem", node.meta["idx"], i))
             outs.append(wrap_output(m, item))

@@ -89,7 +89,8 @@ def _mul(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
     return _arith(em, out, Emitter.mul, a, b)
 
 
-def _int_floor_div(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+def floor_divide_int(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+    """Integer division rounding toward negative infinity (Python's ``//``)."""
     q = em.div(a, b)  # truncates toward zero
     r = em.binary(hlo.remainder, a, b)
     zero = em.constant(0, a.dtype, q.shape)
@@ -111,7 +112,7 @@ def _div(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, rounding_mod
     elif rounding_mode == "trunc":
         q = em.div(ta, tb)
     elif rounding_mode == "floor":
-        q = _int_floor_div(em, ta, tb)
+        q = floor_divide_int(em, ta, tb)
     else:
         raise LoweringError(f"div: unknown rounding_mode {rounding_mode!r}")
     return em.convert(q, out.dtype)
@@ -421,4 +422,4 @@ def _masked_fill(em: Emitter, out: torch.Tensor, x: TensorValue, mask: TensorVal
     return em.select(em.broadcast_to(mask, shape), em.as_tensor(value, out.dtype, shape), em.broadcast_to(x, shape))
 
 
-__all__ = ["compute_dtype", "promoted_dtype"]
+__all__ = ["compute_dtype", "floor_divide_int", "promoted_dtype"]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
@@ -338,6 +339,34 @@ class Emitter:
             has_nan = self.reduce_simple(self.compare(x, x, "NE"), dims, "or")
             r = self.select(has_nan, self.constant(float("nan"), dtype, r.shape), r)
         return r
+
+    def reduce_window(self, x: TensorValue, kind: str, window: Sequence[int], *, strides: Sequence[int] | None = None,
+                      padding: Sequence[tuple[int, int]] | None = None, init: Scalar | None = None) -> TensorValue:
+        """``stablehlo.reduce_window`` with ``sum``, ``prod``, ``max`` or ``min``; padding holds the identity (or ``init``).
+
+        The result has StableHLO's shape: ``(padded - window) // stride + 1`` per dimension.
+        """
+        fns = {"sum": (hlo.add, 0), "prod": (hlo.multiply, 1), "max": (hlo.maximum, lowest(x.dtype)),
+               "min": (hlo.minimum, highest(x.dtype))}
+        fn, identity = fns[kind]
+        window = [int(w) for w in window]
+        strides = [1] * x.rank if strides is None else [int(s) for s in strides]
+        padding = [(0, 0)] * x.rank if padding is None else [(int(lo), int(hi)) for lo, hi in padding]
+        shape = tuple(max(0, (s + lo + hi - w) // st + 1) if s + lo + hi >= w else 0
+                      for s, w, st, (lo, hi) in zip(x.shape, window, strides, padding))
+        init_value = self.constant(identity if init is None else init, x.dtype)
+        if 0 in shape or x.numel == 0:
+            return self.constant(identity if init is None else init, x.dtype, shape)
+        op = hlo.ReduceWindowOp(
+            [tensor_type(shape, x.dtype)], [x.value], [init_value.value], window_dimensions=window,
+            window_strides=strides,
+            padding=ir.DenseElementsAttr.get(np.asarray(padding, dtype=np.int64).reshape(-1, 2),
+                                             type=ir.IntegerType.get_signless(64)),
+        )
+        block = op.regions[0].blocks.append(tensor_type((), x.dtype), tensor_type((), x.dtype))
+        with ir.InsertionPoint(block):
+            hlo.return_([fn(block.arguments[0], block.arguments[1])])
+        return TensorValue(op.results[0], shape, x.dtype)
 
     # -- linear algebra -----------------------------------------------------------------
 

@@ -8,7 +8,7 @@ autograd emits for an embedding's backward follows the same rule.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -16,7 +16,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import UnsupportedOpError
-from ._emitter import Emitter, Operand, TensorValue
+from ._elementwise import floor_divide_int
+from ._emitter import Emitter, Operand, TensorValue, highest, lowest
 from ._mlir import tensor_type
 from ._table import lowers
 
@@ -74,26 +75,42 @@ def gather_along(em: Emitter, table: TensorValue, d: int, idx: TensorValue) -> T
     return em.reshape(TensorValue(v, gathered_shape, table.dtype), out_shape)
 
 
-def _scatter_region(op: Any, dtype: torch.dtype, accumulate: bool) -> None:
+#: How a scatter combines an update with the value already there (None: the update replaces it).
+SCATTER_REDUCTIONS = ("sum", "prod", "amax", "amin")
+
+
+def _scatter_region(op: Any, dtype: torch.dtype, reduce: str | None) -> None:
     block = op.regions[0].blocks.append(tensor_type((), dtype), tensor_type((), dtype))
+    old, new = block.arguments[0], block.arguments[1]
     with ir.InsertionPoint(block):
-        if accumulate:
-            r = hlo.or_(block.arguments[0], block.arguments[1]) if dtype == torch.bool else \
-                hlo.add(block.arguments[0], block.arguments[1])
+        if reduce is None:
+            r = new
+        elif dtype == torch.bool:
+            r = (hlo.or_ if reduce in ("sum", "amax") else hlo.and_)(old, new)
+        elif reduce == "sum":
+            r = hlo.add(old, new)
+        elif reduce == "prod":
+            r = hlo.multiply(old, new)
         else:
-            r = block.arguments[1]
+            r = (hlo.maximum if reduce == "amax" else hlo.minimum)(old, new)
+            if dtype.is_floating_point:  # torch propagates NaN (XLA's CPU max/min may not)
+                direction = hlo.ComparisonDirectionAttr.get("NE")
+                float_cmp = hlo.ComparisonTypeAttr.get("FLOAT")
+                r = hlo.select(hlo.compare(new, new, direction, compare_type=float_cmp), new, r)
+                r = hlo.select(hlo.compare(old, old, direction, compare_type=float_cmp), old, r)
         hlo.return_([r])
 
 
-def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values: TensorValue, accumulate: bool) -> TensorValue:
-    """``x`` with ``x[pre, idx, post] (+)= values`` along dimension ``d``."""
+def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values: TensorValue,
+                  reduce: str | None) -> TensorValue:
+    """``x`` with ``x[pre, idx, post] = values`` along dimension ``d``, or combined with ``reduce`` (``"sum"``, ...)."""
     n = x.shape[d]
     k = idx.numel
     flat = em.reshape(_index_values(em, idx, n), (k,))
     upd_shape = x.shape[:d] + idx.shape + x.shape[d + 1:]
     values = em.broadcast_to(em.convert(values, x.dtype), upd_shape)
     upd = em.reshape(values, x.shape[:d] + (k,) + x.shape[d + 1:])
-    if accumulate and em.options.use_dense_gather(n):
+    if reduce == "sum" and em.options.use_dense_gather(n):
         adt = _arith_dtype(x.dtype)
         onehot = em.convert(_one_hot(em, flat, n), adt)
         r = em.dot_general(onehot, em.convert(upd, adt), ((0,), (d,)))  # [n, pre..., post...]
@@ -111,7 +128,7 @@ def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values:
     starts = em.reshape(flat, (k, 1))
     op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
                        indices_are_sorted=False, unique_indices=False)
-    _scatter_region(op, x.dtype, accumulate)
+    _scatter_region(op, x.dtype, reduce)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
 
@@ -193,7 +210,7 @@ def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence
         values = em.constant(values, x.dtype)
     if len(positions) == 1:
         d = positions[0]
-        return scatter_along(em, x, d, indices[d], values, accumulate)
+        return scatter_along(em, x, d, indices[d], values, "sum" if accumulate else None)
     starts, upd_shape, window = _advanced_index(em, x, indices, positions)
     upd = em.broadcast_to(em.convert(values, x.dtype), upd_shape)
     dnums = hlo.ScatterDimensionNumbers.get(
@@ -206,7 +223,7 @@ def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence
     )
     op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
                        indices_are_sorted=False, unique_indices=False)
-    _scatter_region(op, x.dtype, accumulate)
+    _scatter_region(op, x.dtype, "sum" if accumulate else None)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
 
@@ -255,7 +272,9 @@ def _gather(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: Ten
     return em.reshape(TensorValue(v, index.shape, x.dtype), tuple(out.shape))
 
 
-def _scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue, accumulate: bool) -> TensorValue:
+def scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue,
+                     reduce: str | None) -> TensorValue:
+    """torch.scatter: ``x[..., index[i, j], ...] = src[i, j]`` along ``d``, or combined with ``reduce``."""
     starts = _full_index(em, index, d, x.shape[d])
     # src may be larger than index: only its leading index.shape block is used.
     if src.shape != index.shape:
@@ -270,24 +289,90 @@ def _scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, s
     )
     op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [em.convert(src, x.dtype).value], dnums,
                        indices_are_sorted=False, unique_indices=False)
-    _scatter_region(op, x.dtype, accumulate)
+    _scatter_region(op, x.dtype, reduce)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
 
 @lowers(aten.scatter_add.default)
 def _scatter_add(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
-    return _scatter_elements(em, x, dim % max(x.rank, 1), index, src, True)
+    return scatter_elements(em, x, dim % max(x.rank, 1), index, src, "sum")
 
 
 @lowers(aten.scatter.src)
 def _scatter_src(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
-    return _scatter_elements(em, x, dim % max(x.rank, 1), index, src, False)
+    return scatter_elements(em, x, dim % max(x.rank, 1), index, src, None)
 
 
 @lowers(aten.scatter.value)
 def _scatter_value(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, value: Any) -> TensorValue:
     src = em.constant(value, x.dtype, index.shape)
-    return _scatter_elements(em, x, dim % max(x.rank, 1), index, src, False)
+    return scatter_elements(em, x, dim % max(x.rank, 1), index, src, None)
 
 
-__all__ = ["gather_along", "scatter_along"]
+_SCATTER_REDUCE_NAMES = {"add": "sum", "multiply": "prod"}
+
+
+@lowers(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_reduce_legacy(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, src: Operand,
+                           *, reduce: str) -> TensorValue:
+    """``scatter(..., reduce="add" | "multiply")``."""
+    if reduce not in _SCATTER_REDUCE_NAMES:
+        raise UnsupportedOpError("aten.scatter.reduce", f"scatter reduce={reduce!r}: torch accepts 'add' and 'multiply'")
+    if not isinstance(src, TensorValue):
+        src = em.constant(src, x.dtype, index.shape)
+    return scatter_elements(em, x, dim % max(x.rank, 1), index, src, _SCATTER_REDUCE_NAMES[reduce])
+
+
+def _identity_of(reduce: str, dtype: torch.dtype) -> Any:
+    return {"sum": 0, "mean": 0, "prod": 1, "amax": lowest(dtype), "amin": highest(dtype)}[reduce]
+
+
+def _reduce_into(em: Emitter, x: TensorValue, reduce: str, include_self: bool,
+                 scatter: Callable[[TensorValue, TensorValue, str | None], TensorValue], src: TensorValue) -> TensorValue:
+    """Shared by scatter_reduce and index_reduce: ``scatter(base, values, kind)`` places values.
+
+    Without ``include_self`` the scattered-to positions start from the reduction's identity;
+    ``mean`` divides the sum by how many values (and ``x`` itself, if included) each position got.
+    """
+    kind = "sum" if reduce == "mean" else reduce
+    base = x
+    if not include_self:
+        base = scatter(x, em.constant(_identity_of(reduce, x.dtype), x.dtype, src.shape), None)
+    r = scatter(base, src, kind)
+    if reduce != "mean":
+        return r
+    counts = scatter(em.constant(1 if include_self else 0, x.dtype, x.shape), em.constant(1, x.dtype, src.shape), "sum")
+    counts = em.select(em.compare(counts, em.constant(0, x.dtype, x.shape), "EQ"), em.constant(1, x.dtype, x.shape),
+                       counts)
+    return em.div(r, counts) if x.dtype.is_floating_point else floor_divide_int(em, r, counts)
+
+
+@lowers(aten.scatter_reduce.two)
+def _scatter_reduce(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, src: TensorValue,
+                    reduce: str, *, include_self: bool = True) -> TensorValue:
+    d = dim % max(x.rank, 1)
+    if index.numel == 0:
+        return x
+    src = em.convert(src, x.dtype)
+    if src.shape != index.shape:
+        src = em.slice(src, [0] * src.rank, list(index.shape), [1] * src.rank)
+    return _reduce_into(em, x, reduce, include_self,
+                        lambda base, values, kind: scatter_elements(em, base, d, index, values, kind), src)
+
+
+@lowers(aten.index_reduce.default)
+def _index_reduce(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: TensorValue, source: TensorValue,
+                  reduce: str, *, include_self: bool = True) -> TensorValue:
+    if x.rank == 0:
+        x1 = em.reshape(x, (1,))
+        r = _index_reduce(em, out, x1, 0, em.reshape(index, (index.numel,)), em.reshape(source, (source.numel,)),
+                          reduce, include_self=include_self)
+        return em.reshape(r, ())
+    d = dim % x.rank
+    idx = em.reshape(index, (index.numel,))
+    src = em.convert(source, x.dtype)
+    return _reduce_into(em, x, reduce, include_self,
+                        lambda base, values, kind: scatter_along(em, base, d, idx, values, kind), src)
+
+
+__all__ = ["SCATTER_REDUCTIONS", "gather_along", "scatter_along", "scatter_elements"]

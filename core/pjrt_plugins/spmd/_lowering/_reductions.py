@@ -9,7 +9,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
@@ -220,31 +219,27 @@ def _log_softmax(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, half_
     return em.convert(em.sub(shifted, em.unary(hlo.log, s)), out.dtype)
 
 
-@lowers(aten.cumsum.default)
-def _cumsum(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, *, dtype: torch.dtype | None = None) -> TensorValue:
-    """Inclusive prefix sum as a reduce_window over a window the length of the dimension."""
-    acc = compute_dtype(out.dtype)
-    x = em.convert(x, acc)
-    if x.rank == 0:
-        return em.convert(x, out.dtype)
-    d = dim % x.rank
-    n = x.shape[d]
-    window = [1] * x.rank
-    window[d] = n
-    padding = [[0, 0] for _ in range(x.rank)]
-    padding[d] = [n - 1, 0]
-    init = em.constant(0, acc)
-    op = hlo.ReduceWindowOp(
-        [tensor_type(x.shape, acc)],
-        [x.value],
-        [init.value],
-        window_dimensions=window,
-        padding=ir.DenseElementsAttr.get(np.asarray(padding, dtype=np.int64), type=ir.IntegerType.get_signless(64)),
-    )
-    block = op.regions[0].blocks.append(tensor_type((), acc), tensor_type((), acc))
-    with ir.InsertionPoint(block):
-        hlo.return_([hlo.add(block.arguments[0], block.arguments[1])])
-    return em.convert(TensorValue(op.results[0], x.shape, acc), out.dtype)
+def _scan(kind: str) -> Any:
+    """Inclusive prefix sum / product: a reduce_window over a window the length of the dimension."""
+
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, *, dtype: torch.dtype | None = None) -> TensorValue:
+        acc = compute_dtype(out.dtype)
+        if acc == torch.bool:
+            acc = torch.int64
+        x = em.convert(x, acc)
+        if x.rank == 0:
+            return em.convert(x, out.dtype)
+        d = dim % x.rank
+        n = x.shape[d]
+        window = [n if i == d else 1 for i in range(x.rank)]
+        padding = [(n - 1, 0) if i == d else (0, 0) for i in range(x.rank)]
+        return em.convert(em.reduce_window(x, kind, window, padding=padding), out.dtype)
+
+    return lower
+
+
+lowers(aten.cumsum.default)(_scan("sum"))
+lowers(aten.cumprod.default)(_scan("prod"))
 
 
 def _sort(em: Emitter, x: TensorValue, dim: int, descending: bool) -> tuple[TensorValue, TensorValue]:
