@@ -78,13 +78,8 @@ KNOWN_FAILURES = {
 }
 #: Cases whose passes need the CPU fallback today: a lowering is missing (issue 12 item 5).
 NEEDS_FALLBACK = {
-    "prod": "prims.prod in the backward",
     "norm.nuc": "linalg.svd",
     "linalg.det": "linalg.lu_factor",
-    "nn.functional.conv2d": "convolution",
-    "nn.functional.avg_pool2d": "avg_pool2d",
-    "nn.functional.avg_pool3d": "avg_pool3d",
-    "nn.functional.adaptive_avg_pool2d": "its backward",
     "nn.functional.pad.replicate": "its backward (prims.copy_to)",
     "nn.functional.interpolate.bilinear": "its backward (prims.copy_to)",
 }
