@@ -209,7 +209,6 @@ VALID_OPTION_VALUES = {
     "platform_name": "cuda",
     "allocator": "bfc",
     "memory_fraction": 0.5,
-    "memory_fraction_policy": "0.75+",
     "preallocate": False,
     "collective_memory_size": 1 << 20,
     "visible_devices": [0],
@@ -219,7 +218,6 @@ VALID_OPTION_VALUES = {
     "mock_gpu_topology": "1x1x1",
     "should_stage_host_to_device_transfers": True,
     "abort_collectives_on_failure": False,
-    "abort_collectives_timeout": "30s",
     "use_tfrt_gpu_client": False,
     "max_inflight_computations": 4,
 }

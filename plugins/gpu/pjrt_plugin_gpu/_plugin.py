@@ -32,14 +32,14 @@ LIBRARY_DISTRIBUTIONS = (
 )
 
 #: Every create option the XLA GPU plugin accepts, with its type (checked against
-#: jax-cuda13-pjrt 0.12: it validates names and types itself before looking for a
-#: GPU). Checking here too gives the error in Python, with the list of known names.
-#: Older library builds reject the newer names with "Unexpected option name".
+#: jax-cuda13-pjrt 0.11.1, the newest release pyproject.toml allows: it validates names
+#: and types itself before looking for a GPU). Checking here too gives the error in
+#: Python, with the list of known names. Older library builds reject the newer names
+#: with "Unexpected option name"; 0.12 adds memory_fraction_policy and abort_collectives_timeout.
 OPTION_SCHEMA: dict[str, Any] = {
     "platform_name": str,
     "allocator": str,  # "default", "platform", "bfc", "cuda_async", "vmm", "address"
     "memory_fraction": float,
-    "memory_fraction_policy": str,  # "0.75", "0.75+" or "0.75-0.85"
     "preallocate": bool,
     "collective_memory_size": int,
     "visible_devices": list[int],
@@ -49,7 +49,6 @@ OPTION_SCHEMA: dict[str, Any] = {
     "mock_gpu_topology": str,
     "should_stage_host_to_device_transfers": bool,
     "abort_collectives_on_failure": bool,
-    "abort_collectives_timeout": str,  # a duration such as "30s"
     "use_tfrt_gpu_client": bool,
     "max_inflight_computations": int,
 }
@@ -103,7 +102,8 @@ def library_problem() -> str | None:
     if installed_library(LIBRARY_DISTRIBUTIONS) is None:
         return (
             "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
-            f"run `pip install jax-cuda13-pjrt` (or `pip install 'pjrt-plugin-gpu[cuda12]'`) or set {LIBRARY_PATH_ENV}"
+            "choose your CUDA major with an extra: `pip install 'pjrt-plugin-gpu[cuda13]'` (or [cuda12]; "
+            f"[cuda13-local] / [cuda12-local] with a system-wide CUDA), or set {LIBRARY_PATH_ENV}"
         )
     return None
 
