@@ -39,6 +39,8 @@ PROJECTS = {
     "pjrt-plugin-stub-neuron": REPO / "plugins" / "stub_neuron",
 }
 BACKENDS = {"cpu", "gpu", "tpu", "stub_neuron"}
+#: Extras installed with a wheel: the gpu backend's CUDA 13 plugin without the CUDA runtime wheels.
+EXTRAS = {"pjrt-plugin-gpu": "cuda13-local"}
 #: Never copied into a build: outputs of earlier builds, caches, compiled objects.
 BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o", ".pytest_cache")
 
@@ -128,11 +130,11 @@ def _wheel_requirements(wheel: Path) -> list[Requirement]:
     return [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
 
 
-def _applies(requirement: Requirement) -> bool:
-    """True for requirements of a plain install here (markers true, no extras)."""
+def _applies(requirement: Requirement, extra: str = "") -> bool:
+    """True for requirements of an install here with ``extra`` (markers true)."""
     if requirement.marker is None:
         return True
-    return requirement.marker.evaluate({**default_environment(), "extra": ""})
+    return requirement.marker.evaluate({**default_environment(), "extra": extra})
 
 
 def _third_party_closure(roots: Iterable[str]) -> list[importlib.metadata.Distribution]:
@@ -159,7 +161,12 @@ def _link_third_party(wheels: dict[str, Path], site: Path, target_site_packages:
     nothing of ours leaks in from the running environment.
     """
     ours = set(wheels)
-    roots = {canonicalize_name(r.name) for w in wheels.values() for r in _wheel_requirements(w) if _applies(r)} - ours
+    roots = {
+        canonicalize_name(r.name)
+        for distribution, wheel in wheels.items()
+        for r in _wheel_requirements(wheel)
+        if _applies(r) or _applies(r, EXTRAS.get(distribution, ""))
+    } - ours
     site.mkdir()
     linked = []
     for dist in _third_party_closure(roots):
@@ -188,7 +195,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
     _link_third_party(wheels, workdir / "third_party", site_packages)
     fresh = FreshVenv(root, python, wheels, workdir)
     # No --no-deps: pip must find every declared dependency (ours in the wheels, the rest linked in).
-    fresh.pip("install", "--no-index", "--find-links", str(workdir / "wheels"), *map(str, wheels.values()))
+    requested = [f"{wheel}[{EXTRAS[name]}]" if name in EXTRAS else str(wheel) for name, wheel in wheels.items()]
+    fresh.pip("install", "--no-index", "--find-links", str(workdir / "wheels"), *requested)
     return fresh
 
 
