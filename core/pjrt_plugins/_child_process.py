@@ -61,8 +61,8 @@ def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def open_event_channel() -> TextIO:
-    """In a child: a private duplicate of stdout for events; fd 1 then points at stderr.
+def private_stdout() -> TextIO:
+    """A private duplicate of stdout (for events, or --json output); fd 1 and sys.stdout then point at stderr.
 
     Whatever plugin code prints (Python or C) lands on stderr, so it can neither
     corrupt nor imitate the events the parent reads.
@@ -103,3 +103,91 @@ def output_tail(stderr: str, lines: int = 6) -> str:
     """The last non-blank ``lines`` of a child's output, as an indented ``; last output:`` suffix ("" if none)."""
     kept = [line for line in stderr.strip().splitlines() if line.strip()][-lines:]
     return ("; last output:\n      " + "\n      ".join(kept)) if kept else ""
+
+
+class EventChild:
+    """A child started with :func:`python_command`, whose events are read with a time limit per step.
+
+    The child writes events with :func:`emit` on its :func:`private_stdout`; its stderr
+    is kept for the failure message. Iterate :meth:`events`: each event must come
+    within ``limit`` seconds of the previous one (the caller may change ``limit``
+    between events); past it the child's whole process group is killed and
+    ``timed_out`` is set.
+    """
+
+    def __init__(self, module: str, *args: str, mark: str, stdin: bytes | None = None) -> None:
+        import queue
+        import subprocess
+        import tempfile
+        import threading
+
+        self.mark = mark
+        self.timed_out = False
+        self._stderr = tempfile.TemporaryFile(mode="w+b")
+        self._process = subprocess.Popen(
+            python_command(module, *args),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=child_environment(),
+            start_new_session=True,  # so a hung plugin's threads and children can be killed as a group
+        )
+        self._lines: queue.Queue[bytes | None] = queue.Queue()
+        threading.Thread(target=self._read, name=f"{module}-events", daemon=True).start()
+        if stdin is not None:
+            assert self._process.stdin is not None
+            try:
+                self._process.stdin.write(stdin)
+                self._process.stdin.close()
+            except OSError:  # the child died at once; events() ends and returncode says how
+                pass
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def events(self, limit: float) -> Any:
+        """Yield each event until the child closes its output or falls silent for ``limit`` seconds."""
+        import queue
+        import time
+
+        self.limit = limit
+        deadline = time.monotonic() + self.limit
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.timed_out = True
+                self.kill()
+                return
+            if line is None:
+                return
+            event = parse_event(line.decode("utf-8", "replace"), self.mark)
+            if event is not None:
+                yield event
+                deadline = time.monotonic() + self.limit
+
+    def wait(self, timeout: float) -> int:
+        """The exit status (negative: the signal), killing the child if it does not end within ``timeout``."""
+        import subprocess
+
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self._process.wait()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self._process.kill()
+
+    def stderr_text(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self._stderr.close()

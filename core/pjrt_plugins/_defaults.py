@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ._marker import hookimpl
+from .errors import PluginConfigurationError
 
 DEFAULT_INITIALIZE_TIMEOUT_S = 60.0
 
@@ -18,7 +19,8 @@ def env_int(*names: str, default: int) -> int:
     """The first of ``names`` set in the environment, as an int, else ``default``.
 
     An empty or blank value counts as unset. A value that is not an integer raises
-    ``ValueError`` naming the variable, e.g. ``env_int("LOCAL_RANK", default=0)``.
+    :class:`~pjrt_plugins.PluginConfigurationError` (a ``ValueError``) naming the
+    variable, e.g. ``env_int("LOCAL_RANK", default=0)``.
     Public as ``pjrt_plugins.env_int`` for backends reading their own variables.
     """
     for name in names:
@@ -28,7 +30,7 @@ def env_int(*names: str, default: int) -> int:
         try:
             return int(raw)
         except ValueError:
-            raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+            raise PluginConfigurationError(f"environment variable {name}={raw!r} must be an integer") from None
     return default
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import re
 import sys
 import threading
 import warnings
@@ -225,13 +226,17 @@ def _warn_shadowed(winner: _Candidate, losers: list[_Candidate], preferred: str 
 
 
 def _load_entry_point(candidate: _Candidate) -> DevicePlugin:
-    """Import and call one entry point; every failure becomes a PluginLoadError with a hint."""
+    """Import and call one entry point; every failure becomes a PluginLoadError with a hint.
+
+    ``SystemExit`` from plugin code (``sys.exit()`` at import) is a failure of that
+    plugin like any exception; only ``KeyboardInterrupt`` goes through.
+    """
     ep = candidate.entry_point
     assert ep is not None
     where = f"plugin {candidate.name!r} from {candidate.label()} ({candidate.origin})"
     try:
         target = ep.load()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise PluginLoadError(
             f"{where} failed to import: {type(exc).__name__}: {exc}. "
             f"Hint: reinstall or upgrade {candidate.distribution or 'its package'} "
@@ -239,7 +244,7 @@ def _load_entry_point(candidate: _Candidate) -> DevicePlugin:
         ) from exc
     try:
         return _plugin_from_target(target)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise PluginLoadError(
             f"{where} failed to construct: {type(exc).__name__}: {exc}. "
             f"Hint: {candidate.distribution or 'the package'} may not match this pjrt-plugins version; "
@@ -257,61 +262,63 @@ def _plugin_from_target(target: Any) -> DevicePlugin:
     return _registry._coerce(target())
 
 
+#: An entry-point value as importlib.metadata reads it: ``module.path:attr.path [extras]``.
+_ENTRY_POINT_VALUE = re.compile(r"\s*(?P<module>[\w.]+)\s*(:\s*(?P<attr>[\w.]+)\s*)?(\[.*\])?\s*\Z")
+
+
+def _entry_module(ep: EntryPoint) -> str | None:
+    """The module an entry point names, or ``None`` when its value is not ``module:attribute``."""
+    match = _ENTRY_POINT_VALUE.match(ep.value)
+    if match is None or not all(match.group("module").split(".")):
+        return None
+    return match.group("module")
+
+
 def _record_for(candidate: _Candidate) -> PluginRecord:
-    """Load, defer or fail one winning candidate; failures are warned about here."""
+    """The record of one winning candidate: built from metadata alone, its code imported on first use.
+
+    Only an environment-named library (no code of its own) is built now; an entry point
+    whose value cannot name anything fails now, with a warning.
+    """
     common = dict(distribution=candidate.distribution, dist=candidate.dist)
     if candidate.library is not None:
         try:
             plugin: DevicePlugin = make_library_plugin(candidate.library)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             error = PluginLoadError(f"plugin {candidate.name!r}: {exc}")
             error.__cause__ = exc
             warnings.warn(f"pjrt_plugins: skipping {error}", PluginWarning, stacklevel=4)
             return PluginRecord(candidate.name, candidate.origin, error=error)
         return PluginRecord(candidate.name, candidate.origin, plugin=plugin)
-    def ready() -> bool:
-        return _module_being_imported(candidate.entry_point) is None
-
-    if candidate.deferred_reason is not None:  # PyTorch/XLA's own: only when asked for by name
-        return PluginRecord(
-            candidate.name,
-            candidate.origin,
-            loader=lambda: _load_entry_point(candidate),
-            deferred_reason=candidate.deferred_reason,
-            ready=ready,
-            **common,
+    assert candidate.entry_point is not None
+    module = _entry_module(candidate.entry_point)
+    if module is None:
+        cause = ValueError(f"entry point value {candidate.entry_point.value!r} is not 'module:attribute'")
+        error = PluginLoadError(
+            f"plugin {candidate.name!r} from {candidate.label()} ({candidate.origin}) cannot be loaded: {cause}. "
+            f"Hint: the package {candidate.distribution or ''} is broken; reinstall it, or report it to its maintainers."
         )
-    importing = _module_being_imported(candidate.entry_point)
-    if importing is not None:
-        # Typically: `import vendor_plugin` (or PyTorch/XLA's loader) imported pjrt_plugins from
-        # inside vendor_plugin. Loading it now would hit the half-built module; load it when done.
-        return PluginRecord(
-            candidate.name,
-            candidate.origin,
-            loader=lambda: _load_entry_point(candidate),
-            deferred_reason=f"its module {importing!r} was still being imported; it loads once that import is done",
-            ready=ready,
-            load_when_ready=True,
-            **common,
-        )
-    try:
-        plugin = _load_entry_point(candidate)
-    except PluginLoadError as error:
+        error.__cause__ = cause
         record = PluginRecord(candidate.name, candidate.origin, error=error, **common)
         _registry.warn_load_failure(record, stacklevel=5)
         return record
-    return PluginRecord(candidate.name, candidate.origin, plugin=plugin, **common)
+    return PluginRecord(
+        candidate.name,
+        candidate.origin,
+        loader=lambda: _load_entry_point(candidate),
+        deferred_reason=candidate.deferred_reason,  # PyTorch/XLA's own: only when asked for by name
+        ready=lambda: _module_being_imported(module) is None,
+        **common,
+    )
 
 
-def _module_being_imported(ep: EntryPoint | None) -> str | None:
-    """The entry point's module (or a parent package) if it is in the middle of its own import."""
-    if ep is None:
-        return None
-    parts = ep.module.split(".")
+def _module_being_imported(module: str) -> str | None:
+    """``module`` (or a parent package) if it is in the middle of its own import."""
+    parts = module.split(".")
     for i in range(1, len(parts) + 1):
         name = ".".join(parts[:i])
-        module = sys.modules.get(name)
-        if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        loaded = sys.modules.get(name)
+        if loaded is not None and getattr(getattr(loaded, "__spec__", None), "_initializing", False):
             return name
     return None
 
@@ -368,12 +375,14 @@ _registry._attach_callbacks.append(_apply_site_overrides)
 # -- the one public entry -------------------------------------------------------------
 
 
-def discover_plugins() -> list[PluginRecord]:
+def discover_plugins(*, installed: bool = True) -> list[PluginRecord]:
     """Register every installed plugin and every library named in the environment.
 
-    Runs at ``import pjrt_plugins`` unless ``PJRT_PLUGINS_AUTOLOAD=0``. Calling it
-    again registers only what is new since the last call (a name already taken
-    keeps its plugin; the newcomer is recorded as shadowed and warned about).
+    Runs at ``import pjrt_plugins`` unless ``PJRT_PLUGINS_AUTOLOAD=0``. Reads
+    metadata only: a plugin's module is imported when the plugin is first asked
+    for. Calling it again registers only what is new since the last call (a name
+    already taken keeps its plugin; the newcomer is recorded as shadowed and warned
+    about). ``installed=False`` registers only the environment-named libraries.
     Returns the records it registered.
     """
     global _discovering
@@ -382,16 +391,23 @@ def discover_plugins() -> list[PluginRecord]:
             return []
         _discovering = True
         try:
-            return _discover()
+            return _discover(installed)
         finally:
             _discovering = False
-            _registry._state["discovered"] = True
+            _registry._state["discovered"] = _registry._state["discovered"] or installed
 
 
-def _discover() -> list[PluginRecord]:
-    plugin_eps, override_eps = _entry_points(PLUGINS_GROUP, OVERRIDES_GROUP)
-    _read_site_overrides(override_eps)
-    candidates = _environment_candidates() + _entry_point_candidates(plugin_eps)
+def discover_for_tools() -> list[PluginRecord]:
+    """What the CLI and its child processes discover: everything, or with ``PJRT_PLUGINS_AUTOLOAD=0`` only environment-named libraries."""
+    return discover_plugins(installed=autoload_enabled())
+
+
+def _discover(installed: bool) -> list[PluginRecord]:
+    candidates = _environment_candidates()
+    if installed:
+        plugin_eps, override_eps = _entry_points(PLUGINS_GROUP, OVERRIDES_GROUP)
+        _read_site_overrides(override_eps)
+        candidates += _entry_point_candidates(plugin_eps)
     candidates = [c for c in candidates if c.key not in _seen]
     _seen.update(c.key for c in candidates)
 

@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from ._child_process import child_environment, describe_exit, open_event_channel, output_tail, parse_event, python_command
+from ._child_process import child_environment, describe_exit, private_stdout, output_tail, parse_event, python_command
 from ._child_process import emit as emit_event
-from ._registry import PluginRecord
+from ._registry import PluginRecord, plugin_record
 
 _MARK = "@@pjrt-plugins-doctor@@ "
 _channel: TextIO | None = None  # the child's private event channel (set by probe)
@@ -51,7 +51,7 @@ def diagnose(record: PluginRecord, *, timeout: float = DEFAULT_TIMEOUT_S, explic
         report.checks.append(Check("loaded", False, record.failure or "", _hint_of(record.error)))
         report.status = "broken"
         return report
-    if record.status == "deferred" and not explicit:
+    if record.on_request_only and record.status == "deferred" and not explicit:
         report.checks.append(
             Check(
                 "loaded",
@@ -64,7 +64,7 @@ def diagnose(record: PluginRecord, *, timeout: float = DEFAULT_TIMEOUT_S, explic
         return report
     report.checks.extend(_probe_in_child(record.name, timeout))
     failed = [c for c in report.checks if c.ok is False]
-    unavailable = any(c.check == "available" for c in failed)
+    unavailable = any(c.check == "available" and not c.detail.startswith("misconfigured:") for c in failed)
     # An unavailable plugin's library stage fails for the same reason; that is not a second problem.
     if unavailable and all(c.check == "available" or c.detail.startswith("PluginUnavailableError") for c in failed):
         report.status = "unavailable"
@@ -164,23 +164,27 @@ def probe(name: str) -> None:
     """Run the checks for ``name`` in this (child) process, reporting each on stdout."""
     import pjrt_plugins
 
-    if not pjrt_plugins.autoload_enabled():
-        pjrt_plugins.discover_plugins()
-    plugin = _run_stage(
-        "loaded",
-        lambda: (True, type(getattr(p := pjrt_plugins.get_plugin(name), "wrapped", p)).__qualname__, p),
-        "reinstall the plugin's package",
-    )
-    if plugin is None:
+    from ._discovery import discover_for_tools
+
+    discover_for_tools()
+    _emit(start="loaded")
+    try:
+        plugin = pjrt_plugins.get_plugin(name)
+    except pjrt_plugins.PluginLoadError as exc:  # the original error, and the hint the loader wrote
+        detail = plugin_record(name).failure or str(exc)
+        _emit(check="loaded", ok=False, detail=detail, fix=_hint_of(exc) or "reinstall the plugin's package")
         return
-    reason = plugin.unavailable_reason()
+    except Exception as exc:
+        _emit(check="loaded", ok=False, detail=f"{type(exc).__name__}: {exc}", fix=_hint_of(exc))
+        return
+    _emit(check="loaded", ok=True, detail=type(getattr(plugin, "wrapped", plugin)).__qualname__)
+    reason, misconfigured = plugin._availability()
     _emit(start="available")
-    _emit(
-        check="available",
-        ok=reason is None,
-        detail=reason or "",
-        fix="" if reason is None else "default selection skips this plugin; on a host without its hardware that is expected",
-    )
+    if misconfigured is not None:
+        fix = "fix or unset the setting named above; default selection stops at this plugin until then"
+    else:
+        fix = "" if reason is None else "default selection skips this plugin; on a host without its hardware that is expected"
+    _emit(check="available", ok=reason is None, detail=reason or "", fix=fix)
     path = _run_stage(
         "library", lambda: (True, (lp := plugin.library_path()), lp), f"reinstall {plugin.distribution or 'the plugin'}"
     )
@@ -220,5 +224,5 @@ def probe(name: str) -> None:
 
 
 if __name__ == "__main__":  # python -m pjrt_plugins._doctor NAME
-    _channel = open_event_channel()  # the plugin's own prints go to stderr, never among the events
+    _channel = private_stdout()  # the plugin's own prints go to stderr, never among the events
     probe(sys.argv[1])

@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from .errors import PluginConfigurationError
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,9 +40,11 @@ def find_library(env_var: str, distributions: Iterable[tuple[str, str]]) -> str 
     """The PJRT library a backend's ``pjrt_library_path`` hook should return.
 
     If the environment variable ``env_var`` is set (non-empty), its value, with ``~``
-    expanded and made absolute, whether or not the file exists (the backend's
-    availability check reports a missing one). Otherwise the file found by
-    :func:`installed_library` in ``distributions``, or ``None`` when none has it::
+    expanded and made absolute; when that is not a regular file, the user's setting
+    is broken and :class:`~pjrt_plugins.PluginConfigurationError` names the variable
+    (so default selection reports it instead of quietly choosing another plugin).
+    Otherwise the file found by :func:`installed_library` in ``distributions``, or
+    ``None`` when none has it::
 
         @hookimpl
         def pjrt_library_path(self):
@@ -49,6 +53,13 @@ def find_library(env_var: str, distributions: Iterable[tuple[str, str]]) -> str 
     """
     override = os.environ.get(env_var)
     if override:
-        return str(Path(override).expanduser().absolute())
+        path = Path(override).expanduser().absolute()
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise PluginConfigurationError(
+                f"environment variable {env_var}={override!r} names a PJRT library that {what}; "
+                f"point it at the plugin's shared library, or unset it to use the installed one"
+            )
+        return str(path)
     path = installed_library(distributions)
     return str(path) if path is not None else None

@@ -22,7 +22,13 @@ LIBRARY_PLUGIN_NAME = "library"
 
 
 class LibraryPlugin(DevicePlugin):
-    """A PJRT library with no Python package: the core defaults plus its path (and options)."""
+    """A PJRT library with no Python package: the core defaults plus its path (and options).
+
+    When the file is the library of an installed backend (``PJRT_LIBRARY_PATH`` set to
+    the CPU plugin's ``xla_cpu_pjrt.so``), that backend's option schema and option
+    checks apply, so a mistyped option is refused in Python instead of aborting the
+    process inside the library.
+    """
 
     def __init__(self, path: str | os.PathLike[str], create_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
@@ -36,6 +42,32 @@ class LibraryPlugin(DevicePlugin):
     @hookimpl
     def pjrt_client_create_options(self) -> dict[str, Any]:
         return dict(self.create_options)
+
+    @hookimpl
+    def pjrt_client_option_schema(self) -> Mapping[str, Any] | None:
+        backend = self.backend()
+        return None if backend is None else backend.hook.pjrt_client_option_schema()
+
+    @hookimpl
+    def pjrt_check_client_options(self, options: Mapping[str, Any]) -> None:
+        backend = self.backend()
+        if backend is not None:
+            backend.hook.pjrt_check_client_options(options=options)
+
+    def backend(self) -> DevicePlugin | None:
+        """The installed backend whose library is this same file, or ``None`` (imports the installed plugins)."""
+        from ._registry import registered_plugins
+
+        for plugin in registered_plugins().values():
+            if plugin is self or isinstance(plugin, LibraryPlugin):
+                continue
+            try:
+                path = plugin.hook.pjrt_library_path()
+                if path is not None and os.path.samefile(path, self.path):
+                    return plugin
+            except Exception:  # noqa: BLE001 - a backend that cannot say is not this one
+                continue
+        return None
 
     def __repr__(self) -> str:
         return f"<LibraryPlugin name={self.name!r} path={self.path!r}>"
@@ -91,8 +123,8 @@ def _read_json_config(path: str) -> tuple[str, dict[str, Any] | None]:
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read PJRT plugin config {path!r}: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        raise ValueError(f"cannot read PJRT plugin config {path!r}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(config, dict) or not isinstance(config.get("library_path"), str):
         raise ValueError(f"PJRT plugin config {path!r} must be a JSON object with a \"library_path\" string")
     options = config.get("create_options")

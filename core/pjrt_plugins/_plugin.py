@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._defaults import CoreDefaults, env_int, library_problem
 from ._marker import HOOK_NAMES, IMPL_ATTRIBUTE, PROJECT_NAME
-from .errors import PluginUnavailableError
+from .errors import PluginConfigurationError, PluginUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pluggy
@@ -243,19 +243,33 @@ class DevicePlugin:
         return float(self.hook.pjrt_initialize_timeout())
 
     def unavailable_reason(self) -> str | None:
-        """Why this plugin cannot run here (cheap: no library is opened), or ``None``."""
-        reason = self.hook.pjrt_unavailable_reason()
-        if reason:
-            return str(reason)
+        """Why this plugin cannot run here (cheap: no library is opened), or ``None``; never raises."""
+        return self._availability()[0]
+
+    def configuration_error(self) -> PluginConfigurationError | None:
+        """The malformed setting (e.g. ``CPU_NUM_DEVICES=abc``) that keeps this plugin from running, or ``None``.
+
+        A hook that raises :class:`~pjrt_plugins.PluginConfigurationError` says the user
+        meant this plugin and got a setting wrong; default selection raises it rather
+        than quietly moving on to another plugin.
+        """
+        return self._availability()[1]
+
+    def _availability(self) -> tuple[str | None, PluginConfigurationError | None]:
         try:
+            reason = self.hook.pjrt_unavailable_reason()
+            if reason:
+                return str(reason), None
             problem = library_problem(self.hook.pjrt_library_path())
             if problem is not None:
-                return problem
+                return problem, None
             if self.physical_chip_count() <= 0:
-                return "no devices of this kind were found on this host"
+                return "no devices of this kind were found on this host", None
+        except PluginConfigurationError as exc:
+            return f"misconfigured: {exc}", exc
         except Exception as exc:  # a hook that raises makes the plugin unavailable, not the caller crash
-            return f"{type(exc).__name__}: {exc}"
-        return None
+            return f"{type(exc).__name__}: {exc}", None
+        return None, None
 
     def is_available(self) -> bool:
         return self.unavailable_reason() is None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._plugin import DevicePlugin
-from .errors import PluginLoadError, PluginNotFoundError, PluginUnavailableError, PluginWarning
+from .errors import PluginConfigurationError, PluginLoadError, PluginNotFoundError, PluginUnavailableError, PluginWarning
 
 if TYPE_CHECKING:  # pragma: no cover
     from importlib.metadata import Distribution
@@ -64,11 +64,12 @@ class PluginRecord:
 
     ``status`` is ``"loaded"`` (``plugin`` is set), ``"failed"`` (``error`` is the
     :class:`PluginLoadError` to raise, its ``__cause__`` the original error, which
-    ``failure`` names) or ``"deferred"`` (loaded on first :func:`get_plugin`; see
-    ``deferred_reason``).
-    ``ready()`` says whether a deferred record can load now (not while its
-    module is mid-import); with ``load_when_ready`` it loads by itself at the
-    next registry call once ready (a module that was mid-import at discovery).
+    ``failure`` names) or ``"deferred"``: discovery reads metadata only, so an
+    installed plugin's module is imported when the plugin is first asked for
+    (:func:`get_plugin`, :func:`registered_plugins`, :func:`default_plugin`).
+    ``deferred_reason`` is set for the records that load only when asked for by
+    name (PyTorch/XLA's own, which import torch); ``ready()`` says whether a
+    deferred record can load now (not while its module is mid-import).
     ``shadowed`` lists the records that offered the same name and lost.
     ``version`` is read from the distribution's metadata only when first asked.
     """
@@ -86,7 +87,6 @@ class PluginRecord:
         loader: Callable[[], DevicePlugin] | None = None,
         deferred_reason: str | None = None,
         ready: Callable[[], bool] | None = None,
-        load_when_ready: bool = False,
     ) -> None:
         self.name = name
         self.origin = origin  # e.g. "entry point torch_xla.plugins: cpu = pkg:Cls"
@@ -98,7 +98,6 @@ class PluginRecord:
         self.loader = loader
         self.deferred_reason = deferred_reason
         self.ready = ready
-        self.load_when_ready = load_when_ready
         self.shadowed: list[PluginRecord] = []
 
     @property
@@ -110,6 +109,11 @@ class PluginRecord:
                 self._version = None
             self._dist = None
         return self._version
+
+    @property
+    def on_request_only(self) -> bool:
+        """Loaded only when asked for by name, never by :func:`registered_plugins` (see ``deferred_reason``)."""
+        return self.deferred_reason is not None
 
     @property
     def status(self) -> str:
@@ -221,52 +225,52 @@ def warn_load_failure(record: PluginRecord, stacklevel: int = 3) -> None:
     )
 
 
-def _settle() -> None:
-    """Load the records whose module was mid-import at discovery, now that it is done."""
-    global _settling
-    with _lock:
-        if _settling:
-            return
-        _settling = True
+def _load_pending() -> None:
+    """Import every installed plugin not loaded yet (not the on-request-only ones); failures are warned about."""
+    for record in list(_records.values()):
+        if record.loader is None or record.on_request_only or (record.ready is not None and not record.ready()):
+            continue
         try:
-            for record in list(_records.values()):
-                if record.loader is not None and record.load_when_ready and (record.ready is None or record.ready()):
-                    try:
-                        _load_deferred(record)
-                    except PluginLoadError:
-                        warn_load_failure(record, stacklevel=4)
-        finally:
-            _settling = False
+            _load_deferred(record)
+        except PluginLoadError:
+            warn_load_failure(record, stacklevel=4)
 
 
 def plugin_records() -> list[PluginRecord]:
-    """Every registered name, loaded, failed or deferred, sorted by name (for tools like the CLI)."""
+    """Every registered name, loaded, failed or deferred, sorted by name; nothing is imported (for tools like the CLI)."""
     with _lock:
-        _settle()
         return [_records[name] for name in sorted(_records)]
 
 
 def registered_plugins() -> dict[str, DevicePlugin]:
-    """The loaded plugins by canonical name, sorted.
+    """Every installed plugin, imported now if it was not yet, by canonical name, sorted.
 
-    Plugins that failed to load are left out (``get_plugin`` raises their error),
-    and so are deferred ones that have not been asked for yet (PyTorch/XLA's own
-    entries, which would import torch).
+    Plugins that fail to load are left out with a :class:`PluginWarning`
+    (``get_plugin`` raises their error), and so are the ones that load only when
+    asked for by name (PyTorch/XLA's own entries, which would import torch).
     """
     with _lock:
-        _settle()
+        _load_pending()
         return {name: _records[name].plugin for name in sorted(_records) if _records[name].plugin is not None}
 
 
 def _installed_listing() -> str:
     with _lock:
-        names = [f"{r.name} ({r.status})" if r.status != "loaded" else r.name for r in plugin_records()]
+        names = [f"{r.name} ({r.status})" if r.status == "failed" or r.on_request_only else r.name for r in plugin_records()]
     if names:
         return ", ".join(names)
     hint = "none"
     if not _state["discovered"]:
         hint += " (discovery has not run: PJRT_PLUGINS_AUTOLOAD is off; call pjrt_plugins.discover_plugins())"
     return hint
+
+
+def mark_failed(name: str, error: PluginLoadError) -> None:
+    """Make a not-yet-loaded plugin fail with ``error`` without running its code (a tool found it kills or hangs a process)."""
+    with _lock:
+        record = _records.get(canonical_name(name))
+        if record is not None and record.plugin is None:
+            record.error, record.loader, record.ready = error, None, None
 
 
 def _load_deferred(record: PluginRecord) -> DevicePlugin:
@@ -298,7 +302,6 @@ def plugin_record(name: str) -> PluginRecord:
     """
     canonical = canonical_name(name)
     with _lock:
-        _settle()
         record = _records.get(canonical)
         if record is None:
             raise _not_found(canonical)
@@ -349,7 +352,9 @@ def default_plugin() -> DevicePlugin:
     if it reports itself unavailable, since it was asked for. Otherwise the
     loaded plugin with the highest :meth:`~DevicePlugin.priority` whose
     :meth:`~DevicePlugin.unavailable_reason` is ``None`` wins; equal priorities
-    go to the alphabetically first name. Deferred plugins are not candidates
+    go to the alphabetically first name. A plugin met on the way whose setting is
+    malformed (:meth:`~DevicePlugin.configuration_error`) stops the selection with
+    :class:`PluginConfigurationError` naming it. Deferred plugins are not candidates
     (checking them would import torch_xla); name them with ``PJRT_DEVICE``.
     """
     requested = os.environ.get(PJRT_DEVICE_VAR, "").strip()
@@ -360,7 +365,12 @@ def default_plugin() -> DevicePlugin:
             raise PluginNotFoundError(f"{PJRT_DEVICE_VAR}={requested!r}: {exc}") from None
     reasons = []
     for _priority, name, plugin in _selection_candidates():
-        reason = plugin.unavailable_reason()
+        reason, misconfigured = plugin._availability()
+        if misconfigured is not None:  # the user meant this plugin: say so rather than pick another
+            raise PluginConfigurationError(
+                f"plugin {name!r} would be the default but is misconfigured: {misconfigured}. "
+                f"Fix or unset that setting, or set {PJRT_DEVICE_VAR} to choose another plugin."
+            ) from misconfigured
         if reason is None:
             return plugin
         reasons.append(f"{name}: {reason}")
@@ -368,7 +378,7 @@ def default_plugin() -> DevicePlugin:
         for record in plugin_records():
             if record.status == "failed":
                 reasons.append(f"{record.name}: failed to load ({record.error})")
-            elif record.status == "deferred":
+            elif record.status == "deferred" and record.on_request_only:
                 reasons.append(f"{record.name}: not considered ({record.deferred_reason}); select it with PJRT_DEVICE")
     if not reasons:
         raise PluginNotFoundError(

@@ -44,83 +44,6 @@ def seconds(text: str) -> float:
 # -- list ------------------------------------------------------------------------------
 
 
-def _library_of(plugin: Any) -> str | None:
-    try:
-        path = plugin.hook.pjrt_library_path()
-    except Exception as exc:
-        return f"<error: {type(exc).__name__}: {exc}>"
-    return None if path is None else str(path)
-
-
-def _default_name() -> str | None:
-    """The name default_plugin() would pick, without loading deferred plugins."""
-    import os
-
-    import pjrt_plugins
-    from pjrt_plugins._registry import PJRT_DEVICE_VAR
-
-    requested = os.environ.get(PJRT_DEVICE_VAR, "").strip()
-    if requested:
-        try:
-            return pjrt_plugins.canonical_name(requested)
-        except ValueError:
-            return None
-    try:
-        return pjrt_plugins.default_plugin().name
-    except pjrt_plugins.PjrtPluginsError:
-        return None
-
-
-def describe_records() -> list[dict[str, Any]]:
-    """One row per registered or shadowed plugin, as shown by `list`."""
-    import pjrt_plugins
-
-    default = _default_name()
-    rows = []
-    for record in pjrt_plugins.plugin_records():
-        row: dict[str, Any] = {
-            "name": record.name,
-            "default": record.name == default,
-            "distribution": record.distribution,
-            "version": record.version,
-            "origin": record.origin,
-            "library_path": None,
-            "priority": None,
-            "status": record.status,
-            "reason": None,
-        }
-        if record.plugin is not None:
-            plugin = record.plugin
-            row["library_path"] = _library_of(plugin)
-            try:
-                row["priority"] = plugin.priority()
-            except Exception as exc:
-                row["reason"] = f"priority() raised {type(exc).__name__}: {exc}"
-            reason = plugin.unavailable_reason()
-            row["status"] = "available" if reason is None else "unavailable"
-            row["reason"] = row["reason"] or reason
-        elif record.error is not None:
-            row["reason"] = record.failure
-        else:
-            row["reason"] = record.deferred_reason
-        rows.append(row)
-        for loser in record.shadowed:
-            rows.append(
-                {
-                    "name": loser.name,
-                    "default": False,
-                    "distribution": loser.distribution,
-                    "version": loser.version,
-                    "origin": loser.origin,
-                    "library_path": None,
-                    "priority": None,
-                    "status": "shadowed",
-                    "reason": f"the name is taken by {record.provider}",
-                }
-            )
-    return rows
-
-
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
@@ -130,12 +53,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = describe_records()
+    from pjrt_plugins._listing import plugin_rows
+
+    rows, _default, _error = plugin_rows(args.timeout)
     if args.json:
-        _print_json({"plugins": rows})
+        print_json({"plugins": rows, "installed_plugins_discovered": _installed_discovered()})
         return EXIT_OK
     if not rows:
-        print("No PJRT plugins are installed. Install a backend package, or set PJRT_LIBRARY_PATH.")
+        if not _installed_discovered():
+            print("No PJRT library is named in the environment, and installed plugins are not looked for "
+                  "(PJRT_PLUGINS_AUTOLOAD is off).")
+        else:
+            print("No PJRT plugins are installed. Install a backend package, or set PJRT_LIBRARY_PATH.")
         return EXIT_OK
     table_rows, notes = [], []
     for row in rows:
@@ -147,6 +76,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             notes.append(f"  {row['name']} ({row['status']}): {row['reason']}")
     print(_table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
     print("\n* = default plugin (PJRT_DEVICE, else the available plugin with the highest priority)")
+    if not _installed_discovered():
+        print("Installed plugins are not shown: PJRT_PLUGINS_AUTOLOAD is off.")
     if notes:
         print("\nReasons:\n" + "\n".join(notes))
     return EXIT_OK
@@ -204,10 +135,37 @@ def parse_options(items: Sequence[str], schema: dict[str, Any] | None) -> dict[s
     return options
 
 
+def _installed_discovered() -> bool:
+    from pjrt_plugins import _registry
+
+    return bool(_registry._state["discovered"])
+
+
+def _default_plugin(timeout: float) -> Any:
+    """default_plugin(), with the choice made in a child: only the chosen plugin's code runs in this process."""
+    import os
+
+    import pjrt_plugins
+    from pjrt_plugins import errors
+    from pjrt_plugins._listing import plugin_rows
+    from pjrt_plugins._registry import PJRT_DEVICE_VAR
+
+    if os.environ.get(PJRT_DEVICE_VAR, "").strip():
+        return pjrt_plugins.default_plugin()
+    _rows, name, error = plugin_rows(timeout)
+    if name is None:
+        error = error or {"type": "PluginNotFoundError", "message": "no default plugin"}
+        kind = getattr(errors, error["type"], None)
+        kind = kind if isinstance(kind, type) and issubclass(kind, pjrt_plugins.PjrtPluginsError) else pjrt_plugins.PjrtPluginsError
+        raise kind(error["message"])
+    return pjrt_plugins.get_plugin(name)
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     import pjrt_plugins
+    from pjrt_plugins._listing import DEFAULT_TIMEOUT_S
 
-    plugin = pjrt_plugins.get_plugin(args.name) if args.name else pjrt_plugins.default_plugin()
+    plugin = pjrt_plugins.get_plugin(args.name) if args.name else _default_plugin(DEFAULT_TIMEOUT_S)
     options = parse_options(args.option or [], plugin.option_schema())
     path = plugin.library_path()
     from pjrt_plugins.runtime import load_library
@@ -236,7 +194,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             "devices": devices,
         }
     if args.json:
-        _print_json(result)
+        print_json(result)
         return EXIT_OK
     print(f"plugin   {result['plugin']} ({result['distribution'] or 'no distribution'})")
     print(f"library  {path} (PJRT C API {result['api_version']})")
@@ -260,7 +218,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from pjrt_plugins._registry import plugin_record
 
     if args.names:
-        wanted = [plugin_record(name) for name in args.names]  # PluginNotFoundError lists what is installed
+        wanted = [plugin_record(name) for name in dict.fromkeys(args.names)]  # PluginNotFoundError lists what is installed
     else:
         wanted = pjrt_plugins.plugin_records()
     reports = []
@@ -270,7 +228,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         reports.append(diagnose(record, timeout=args.timeout, explicit=bool(args.names)))
     problems = [r for r in reports if r.status == "broken" or (args.names and r.status == "unavailable")]
     if args.json:
-        _print_json({"ok": not problems and bool(reports), "plugins": [r.to_json() for r in reports]})
+        print_json({"ok": not problems and bool(reports), "plugins": [r.to_json() for r in reports]})
     else:
         marks = {True: "ok", False: "FAIL", None: "skip"}
         for report in reports:
@@ -292,9 +250,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- wiring ----------------------------------------------------------------------------
 
 
-def _print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+_json_out: Any = None  # where --json output goes: the real stdout, kept apart from what plugin code prints
+
+
+def print_json(data: Any) -> None:
+    """Write ``--json`` output; extension commands use this too (sys.stdout carries plugin prints to stderr then)."""
+    out = _json_out or sys.stdout
+    json.dump(data, out, indent=2, default=str)
+    out.write("\n")
+    out.flush()
 
 
 def _add_extension_commands(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -313,6 +277,7 @@ def _add_extension_commands(subparsers: Any, common: argparse.ArgumentParser) ->
 def build_parser() -> argparse.ArgumentParser:
     from pjrt_plugins import __version__
     from pjrt_plugins._doctor import DEFAULT_TIMEOUT_S as DOCTOR_TIMEOUT_S
+    from pjrt_plugins._listing import DEFAULT_TIMEOUT_S as LIST_TIMEOUT_S
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
@@ -325,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = subparsers.add_parser("list", parents=[common], help="list plugins: name, distribution, library, priority, status")
+    p.add_argument(
+        "--timeout", type=seconds, default=LIST_TIMEOUT_S,
+        help=f"seconds each plugin may take to import and answer (default: {LIST_TIMEOUT_S:g})",
+    )
     p.set_defaults(handler=cmd_list)
 
     p = subparsers.add_parser("devices", parents=[common], help="create a client and list its devices")
@@ -364,20 +333,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _discard_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
+    """Point stdout (and the --json stream) at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
     import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    for stream in (sys.stdout, _json_out):
+        if stream is not None:
+            os.dup2(devnull, stream.fileno())
     os.close(devnull)
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    global _json_out
     import pjrt_plugins
+    from pjrt_plugins._child_process import private_stdout
+    from pjrt_plugins._discovery import discover_for_tools
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    pjrt_plugins.discover_plugins()  # a no-op after autoload; needed when PJRT_PLUGINS_AUTOLOAD=0
+    if getattr(args, "json", False) and _json_out is None:
+        _json_out = private_stdout()  # a plugin printing at import lands on stderr, never in the JSON
+    discover_for_tools()  # honours PJRT_PLUGINS_AUTOLOAD=0: then only environment-named libraries
     try:
         return int(args.handler(args))
     except UsageError as exc:
@@ -393,7 +369,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _fail(args: argparse.Namespace, exc: BaseException) -> int:
     if getattr(args, "json", False):
-        _print_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
+        print_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
     else:
         print(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return EXIT_FAILURE

@@ -25,6 +25,15 @@ class PluginUnavailableError(PjrtPluginsError):
     """The plugin is installed but cannot run here (no hardware, no library)."""
 
 
+class PluginConfigurationError(PjrtPluginsError, ValueError):
+    """A setting meant for a plugin (an environment variable, an option) is malformed.
+
+    Unlike "no hardware here", this is the user's evident intent gone wrong: default
+    selection stops with this error, naming the variable, instead of quietly choosing
+    another plugin.
+    """
+
+
 class LibraryLoadError(PjrtPluginsError, OSError):
     """A PJRT shared library could not be opened or is not a PJRT plugin."""
 

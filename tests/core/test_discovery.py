@@ -211,7 +211,7 @@ def test_pytorch_xla_entries_are_deferred_and_lose_a_name_to_a_real_backend_quie
         """
         import json, sys, pjrt_plugins as p
         out = {"imported_at_import": "txla_builtin" in sys.modules,
-               "status": {r.name: r.status for r in p.plugin_records()},
+               "status": {r.name: [r.status, r.on_request_only] for r in p.plugin_records()},
                "registered": list(p.registered_plugins()),
                "default": p.default_plugin().name,
                "imported_after_default": "txla_builtin" in sys.modules,
@@ -225,7 +225,7 @@ def test_pytorch_xla_entries_are_deferred_and_lose_a_name_to_a_real_backend_quie
     assert result.returncode == 0, result
     data = result.json()
     assert data["imported_at_import"] is False
-    assert data["status"] == {"neuron": "deferred", "tpu": "loaded"}
+    assert data["status"] == {"neuron": ["deferred", True], "tpu": ["deferred", False]}  # nothing imported yet
     assert data["registered"] == ["tpu"]
     assert data["default"] == "tpu" and data["imported_after_default"] is False
     assert data["tpu"] == "VendorTpu"

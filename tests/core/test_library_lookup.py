@@ -44,13 +44,26 @@ def test_the_environment_override_wins_and_is_made_absolute(fake_distribution: P
     fake_distribution.parent.mkdir()
     fake_distribution.write_bytes(b"")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(ENV, "vendor/libnewer.so")  # need not exist: the backend's availability check says so
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "vendor" / "libnewer.so").write_bytes(b"")
+    monkeypatch.setenv(ENV, "vendor/libnewer.so")
     found = find_library(ENV, [("fake-pjrt-lib", "fake_pjrt_lib/libfake_pjrt.so")])
     assert found == str(tmp_path / "vendor" / "libnewer.so")
-    monkeypatch.setenv(ENV, "~/libhome.so")
-    assert find_library(ENV, []) == str(Path("~/libhome.so").expanduser().absolute())
+    monkeypatch.setenv("HOME", str(tmp_path / "vendor"))
+    monkeypatch.setenv(ENV, "~/libnewer.so")
+    assert find_library(ENV, []) == str(tmp_path / "vendor" / "libnewer.so")
     monkeypatch.setenv(ENV, "")  # empty means unset
     assert find_library(ENV, [("fake-pjrt-lib", "fake_pjrt_lib/libfake_pjrt.so")]) == str(fake_distribution.absolute())
+
+
+@pytest.mark.parametrize("value, what", [("vendor/missing.so", "does not exist"), ("/dev/zero", "is not a regular file")])
+def test_a_broken_override_is_a_configuration_error_naming_the_variable(fake_distribution: Path, monkeypatch, tmp_path, value, what):
+    fake_distribution.parent.mkdir()
+    fake_distribution.write_bytes(b"")  # an installed library exists, and must not be used silently instead
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(pjrt_plugins.PluginConfigurationError, match=f"{ENV}={value!r} names a PJRT library that {what}"):
+        find_library(ENV, [("fake-pjrt-lib", "fake_pjrt_lib/libfake_pjrt.so")])
 
 
 def test_env_int_is_public_and_names_a_malformed_variable(monkeypatch):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pjrt_plugins
-from pjrt_plugins import OptionType, PluginUnavailableError
+from pjrt_plugins import OptionType, PluginConfigurationError
 from pjrt_plugins.conform._programs import ADD_F32, spmd_square_and_sum
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_cpu import CpuPlugin
@@ -61,13 +61,14 @@ def test_library_path_env_overrides_installed_library(cpu, monkeypatch, tmp_path
     assert cpu.unavailable_reason() is None
 
 
-def test_library_path_env_naming_missing_file_makes_plugin_unavailable(cpu, monkeypatch, tmp_path):
+def test_library_path_env_naming_missing_file_makes_plugin_misconfigured(cpu, monkeypatch, tmp_path):
     monkeypatch.setenv("PJRT_CPU_LIBRARY_PATH", str(tmp_path / "missing.so"))
     reason = cpu.unavailable_reason()
-    assert reason is not None and "PJRT_CPU_LIBRARY_PATH" in reason
-    with pytest.raises(PluginUnavailableError, match="PJRT_CPU_LIBRARY_PATH"):
+    assert reason is not None and reason.startswith("misconfigured: ") and "PJRT_CPU_LIBRARY_PATH" in reason
+    assert isinstance(cpu.configuration_error(), PluginConfigurationError)
+    with pytest.raises(PluginConfigurationError, match="PJRT_CPU_LIBRARY_PATH"):
         cpu.preflight()
-    with pytest.raises(PluginUnavailableError):
+    with pytest.raises(PluginConfigurationError, match="PJRT_CPU_LIBRARY_PATH"):
         cpu.library_path()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import pjrt_plugins
-from pjrt_plugins import OptionType, PluginUnavailableError, installed_library
+from pjrt_plugins import OptionType, installed_library
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_gpu import GpuPlugin
 from pjrt_plugin_gpu._devices import installed_gpu_count, visible_gpu_count
@@ -76,7 +76,7 @@ def test_library_path_env_overrides_and_is_checked(gpu, monkeypatch, tmp_path):
     assert gpu.library_path() == str(other)
     monkeypatch.setenv("PJRT_GPU_LIBRARY_PATH", str(tmp_path / "missing.so"))
     assert "PJRT_GPU_LIBRARY_PATH" in gpu.unavailable_reason()
-    with pytest.raises(PluginUnavailableError, match="PJRT_GPU_LIBRARY_PATH"):
+    with pytest.raises(pjrt_plugins.PluginConfigurationError, match="PJRT_GPU_LIBRARY_PATH"):
         gpu.preflight()
 
 

@@ -12,7 +12,7 @@ import sys
 from typing import Any, TextIO
 
 from .._child_process import emit as emit_event
-from .._child_process import open_event_channel
+from .._child_process import private_stdout
 
 #: Prefix of every event line (anything else on the channel is ignored).
 EVENT_MARK = "@@pjrt-plugins-conform@@ "
@@ -24,15 +24,14 @@ def emit(channel: TextIO, **event: Any) -> None:
 
 def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
     """Run the checks named in ``plan["pending"]``, given the statuses of those already done."""
-    import pjrt_plugins
-
     from ._context import Context
     from ._framework import all_checks, run_check
     from ._report import Status
     from ._target import Target
 
-    if not pjrt_plugins.autoload_enabled():
-        pjrt_plugins.discover_plugins()
+    from .._discovery import discover_for_tools
+
+    discover_for_tools()
     target = Target.from_json(plan["target"])
     statuses = {k: Status(v) for k, v in plan.get("statuses", {}).items()}
     pending = set(plan["pending"])
@@ -67,7 +66,7 @@ def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
 
 
 def main() -> None:
-    channel = open_event_channel()
+    channel = private_stdout()
     plan = json.loads(sys.stdin.read())
     run_plan(plan, channel)
     channel.flush()

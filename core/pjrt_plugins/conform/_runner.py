@@ -14,7 +14,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time

@@ -80,15 +80,19 @@ def resolve_target(argument: str, *, bare: bool = False) -> Target:
 
 
 def _plugin_owning(path: str) -> str | None:
-    import pjrt_plugins
+    """The registered plugin whose library is ``path``; the plugins' code runs in a child (as for `list`)."""
+    from .._listing import plugin_rows
 
-    for name, plugin in pjrt_plugins.registered_plugins().items():
+    rows, _default, _error = plugin_rows()
+    for row in rows:
+        candidate = row["library_path"]
+        if row["status"] in ("shadowed", "failed", "deferred") or not candidate or candidate.startswith("<error"):
+            continue
         try:
-            candidate = plugin.hook.pjrt_library_path()
-            if candidate is not None and os.path.exists(candidate) and os.path.samefile(candidate, path):
-                return name
-        except Exception as exc:  # noqa: BLE001 - a broken hook only means "not this one"
-            logger.debug("plugin %s: pjrt_library_path raised %r", name, exc)
+            if os.path.exists(candidate) and os.path.samefile(candidate, path):
+                return row["name"]
+        except OSError as exc:
+            logger.debug("plugin %s: cannot compare %s: %r", row["name"], candidate, exc)
     return None
 
 

@@ -8,8 +8,6 @@ check FAILed (or ``--diff`` found a regression), 2 for a usage error.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ._report import CheckResult, Report, ReportDiff, Status, diff_reports, load_report
@@ -49,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_FAILURE, EXIT_OK, UsageError
+    from ..cli import EXIT_FAILURE, EXIT_OK, UsageError, print_json
 
     if args.diff:
         if args.target or args.option or args.report:
@@ -61,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         report.write(args.report)
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(report.to_json())
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
@@ -129,11 +126,12 @@ def _describe(report: Report) -> str:
 
 
 def _run_diff(args: argparse.Namespace, ok: int, failure: int) -> int:
+    from ..cli import print_json
+
     before, after = (load_report(path) for path in args.diff)
     diff = diff_reports(before, after)
     if args.json:
-        json.dump(diff.to_json(), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(diff.to_json())
     else:
         print(format_diff(diff, *args.diff))
     return failure if diff.regressions else ok

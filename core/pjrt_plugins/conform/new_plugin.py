@@ -10,10 +10,8 @@ and passes ``pjrt-plugins conform NAME`` as it is.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -253,12 +251,9 @@ def run(args: argparse.Namespace) -> int:
     root, written = write_plugin(args.name, args.output, template=args.template)
     steps = [f"pip install {root}", "pjrt-plugins list", f"pjrt-plugins conform {names.entry_point}"]
     if args.json:
-        json.dump(
-            {"names": asdict(names), "path": str(root), "files": [str(p) for p in written], "next": steps},
-            sys.stdout,
-            indent=2,
-        )
-        sys.stdout.write("\n")
+        from ..cli import print_json
+
+        print_json({"names": asdict(names), "path": str(root), "files": [str(p) for p in written], "next": steps})
         return EXIT_OK
     print(f"wrote {len(written)} files to {root}")
     print(f"  distribution {names.distribution}, package {names.package}, class {names.class_name}")

@@ -7,12 +7,10 @@ answered from environment variables and installed-package metadata.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_int, find_library, hookimpl, installed_library
+from pjrt_plugins import DevicePlugin, PluginConfigurationError, PluginUnavailableError, env_int, find_library, hookimpl
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +29,12 @@ MAX_NUM_DEVICES = 1024
 
 
 def library_problem() -> str | None:
-    """Why no usable library can be found, with the fix, or ``None``. Cheap: nothing is opened."""
-    override = os.environ.get(LIBRARY_PATH_ENV)
-    if override:
-        path = Path(override).expanduser()
-        if not path.is_file():
-            return (
-                f"{LIBRARY_PATH_ENV}={override!r} does not name an existing file; "
-                f"point it at a PJRT CPU plugin library or unset it to use the one from {LIBRARY_DISTRIBUTION}"
-            )
-        return None
-    if installed_library(LIBRARY_DISTRIBUTIONS) is None:
+    """Why no library is installed, with the fix, or ``None``. Cheap: nothing is opened.
+
+    A ``PJRT_CPU_LIBRARY_PATH`` that names no regular file raises
+    ``PluginConfigurationError`` (from ``find_library``): the user meant this plugin.
+    """
+    if find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS) is None:
         return (
             f"the PJRT CPU library was not found: the {LIBRARY_DISTRIBUTION} package is not installed "
             f"(or lacks {LIBRARY_IN_DISTRIBUTION}); run `pip install {LIBRARY_DISTRIBUTION}` "
@@ -58,7 +51,7 @@ def check_device_count(count: int, source: str) -> int:
     seconds, 4096 nearly a minute, 100000 never finish).
     """
     if not 1 <= count <= MAX_NUM_DEVICES:
-        raise ValueError(f"{source}={count} must be between 1 and {MAX_NUM_DEVICES} CPU devices")
+        raise PluginConfigurationError(f"{source}={count} must be between 1 and {MAX_NUM_DEVICES} CPU devices")
     return count
 
 

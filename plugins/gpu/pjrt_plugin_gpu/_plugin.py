@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_int, find_library, hookimpl, installed_library
+from pjrt_plugins import DevicePlugin, PluginConfigurationError, PluginUnavailableError, env_int, find_library, hookimpl
 
 from ._devices import installed_gpu_count, visible_gpu_count
 
@@ -72,7 +71,7 @@ def env_bool(name: str) -> bool | None:
         return True
     if raw in _FALSE:
         return False
-    raise ValueError(f"environment variable {name}={os.environ[name]!r} must be a boolean (1/0, true/false)")
+    raise PluginConfigurationError(f"environment variable {name}={os.environ[name]!r} must be a boolean (1/0, true/false)")
 
 
 def env_fraction(name: str) -> float | None:
@@ -83,23 +82,15 @@ def env_fraction(name: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} must be a number in (0, 1]") from None
+        raise PluginConfigurationError(f"environment variable {name}={raw!r} must be a number in (0, 1]") from None
     if not 0.0 < value <= 1.0:
-        raise ValueError(f"environment variable {name}={raw!r} must be a number in (0, 1]")
+        raise PluginConfigurationError(f"environment variable {name}={raw!r} must be a number in (0, 1]")
     return value
 
 
 def library_problem() -> str | None:
     """Why no usable CUDA PJRT library can be found, with the fix, or ``None``. Cheap."""
-    override = os.environ.get(LIBRARY_PATH_ENV)
-    if override:
-        if not Path(override).expanduser().is_file():
-            return (
-                f"{LIBRARY_PATH_ENV}={override!r} does not name an existing file; point it at a CUDA "
-                "PJRT plugin library (xla_cuda_plugin.so) or unset it to use the installed jax-cuda wheel"
-            )
-        return None
-    if installed_library(LIBRARY_DISTRIBUTIONS) is None:
+    if find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS) is None:  # a bad override raises PluginConfigurationError
         return (
             "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
             "choose your CUDA major with an extra: `pip install 'pjrt-plugin-gpu[cuda13]'` (or [cuda12]; "
