@@ -217,13 +217,50 @@ class XLAShardedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        handler = _HANDLERS.get(func)
-        if handler is not None:
-            result = handler(func, args, kwargs)
-            if result is not NotImplemented:
-                return result
-        return _route_to_engine(func, types, args, kwargs)
+        try:
+            kwargs = kwargs or {}
+            handler = _HANDLERS.get(func)
+            if handler is not None:
+                result = handler(func, args, kwargs)
+                if result is not NotImplemented:
+                    return result
+            return _route_to_engine(func, types, args, kwargs)
+        except BaseException as error:
+            if torch._C._current_graph_task_id() == -1:
+                raise
+            if not getattr(error, "_pjrt_op_noted", False):
+                error.add_note(f"(raised by {func} in autograd's backward pass on the pjrt device)")
+                error._pjrt_op_noted = True  # type: ignore[attr-defined]
+            return _ErrorForAutograd(error)
+
+
+class _ErrorForAutograd:
+    """An error of ``__torch_dispatch__`` inside autograd's backward, handed to torch already fetched.
+
+    Why: torch raises a ``__torch_dispatch__`` error in C++ with the Python error still set.
+    Autograd's engine unwinds through a stream guard of the ``pjrt`` device, and torch's
+    Python device guard calls into Python from that guard's ``noexcept`` destructor; with an
+    error set that call fails and the process aborts (``terminate called without an active
+    exception``). Returning this object instead makes torch read it as the op's result: every
+    way torch converts a result (``str()`` of a non-tensor, ``len()`` / iteration of a
+    sequence) raises the original error through pybind11, which fetches it before any C++
+    unwinds. Autograd then re-raises it unchanged in the thread that called ``backward()``,
+    as it does for errors in a Python ``autograd.Function``. An op with no results cannot
+    carry it: torch raises its own RuntimeError naming the op instead.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def _raise(self, *args: Any) -> Any:
+        raise self.error
+
+    __str__ = __len__ = __iter__ = __getitem__ = _raise
+
+    def __repr__(self) -> str:
+        return f"<error for autograd: {self.error!r}>"
 
 
 # -- wrapping ------------------------------------------------------------------------------
