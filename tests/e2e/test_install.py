@@ -1,22 +1,16 @@
-"""End to end: build every package's wheel, pip-install them into a new virtual environment, use them there.
+"""End to end: pip-install every package's wheel from the release wheelhouse into a new virtual environment, use them there.
 
 Offline and quick: third-party dependencies (numpy, the vendor libraries, ...) are
 not downloaded but linked in from the running environment; our own packages come
-only from the freshly built wheels.
+only from the wheels scripts/release built (the session's ``release_wheelhouse``).
 """
 
 from __future__ import annotations
 
 import email
 import importlib.metadata
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
 import zipfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -24,100 +18,18 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from _support import clean_environment
+from e2e_support import FreshVenv, wheels_in
 from pjrt_plugins.conform._programs import spmd_square_and_sum
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-#: distribution -> source directory (the stub is included once its package exists).
-PROJECTS = {
-    "pjrt-plugins": REPO,
-    "pjrt-plugin-cpu": REPO / "plugins" / "cpu",
-    "pjrt-plugin-gpu": REPO / "plugins" / "gpu",
-    "pjrt-plugin-tpu": REPO / "plugins" / "tpu",
-    "pjrt-plugin-stub-neuron": REPO / "plugins" / "stub_neuron",
-}
+PROJECTS = {"pjrt-plugins", "pjrt-plugin-cpu", "pjrt-plugin-gpu", "pjrt-plugin-tpu", "pjrt-plugin-stub-neuron"}
 BACKENDS = {"cpu", "gpu", "tpu", "stub_neuron"}
 #: Extras installed with a wheel: the gpu backend's CUDA 13 plugin without the CUDA runtime wheels.
 EXTRAS = {"pjrt-plugin-gpu": "cuda13-local"}
-#: Never copied into a build: outputs of earlier builds, caches, compiled objects.
-BUILD_LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.so", "*.o", ".pytest_cache")
 
 #: x * x and sum(x * x) of a 16-vector split over 8 devices (the conformance kit's program, built here).
 SPMD_PROGRAM = spmd_square_and_sum(8, shard_length=2)
-
-
-@dataclass
-class FreshVenv:
-    root: Path
-    python: Path
-    wheels: dict[str, Path]  # distribution -> wheel file
-    workdir: Path
-
-    def run(
-        self, code: str, env: Mapping[str, str] | None = None, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        """Run a snippet with the new environment's interpreter, from a directory outside the repo."""
-        return self.run_args(["-c", textwrap.dedent(code)], env=env, timeout=timeout)
-
-    def run_args(
-        self, args: list[str], env: Mapping[str, str] | None = None, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.python), *args],
-            cwd=self.workdir,
-            env=clean_environment(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The running interpreter's pip, acting on the new environment (it has no pip of its own)."""
-        command = [sys.executable, "-m", "pip", "--python", str(self.python), "--disable-pip-version-check"]
-        command += ["--no-input", *args]
-        env = clean_environment({"PIP_CONFIG_FILE": os.devnull})
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
-        return result
-
-
-# -- building ----------------------------------------------------------------------------------
-
-
-def _copy_sources(distribution: str, source: Path, destination: Path) -> Path:
-    """Copy one project's sources (never its build outputs) so builds leave the shared tree alone."""
-    if source == REPO:  # the core project: its top-level files and core/, not the whole repository
-        destination.mkdir(parents=True)
-        for item in source.iterdir():
-            if item.is_file() and not item.name.startswith("."):
-                shutil.copy2(item, destination / item.name)
-        shutil.copytree(source / "core", destination / "core", ignore=BUILD_LEFTOVERS)
-    else:
-        shutil.copytree(source, destination, ignore=BUILD_LEFTOVERS)
-    return destination
-
-
-def _build_wheels(workdir: Path) -> dict[str, Path]:
-    """One wheel per project, built without isolation (offline) from a copy of its sources."""
-    out = workdir / "wheels"
-    builds = {}
-    for distribution, source in PROJECTS.items():
-        if not (source / "pyproject.toml").is_file():
-            continue  # a backend that has not been written yet
-        tree = _copy_sources(distribution, source, workdir / "src" / distribution)
-        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                   "--disable-pip-version-check", "-q", "--wheel-dir", str(out), str(tree)]
-        builds[distribution] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for distribution, process in builds.items():
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, f"building the {distribution} wheel failed:\n{output}"
-    wheels = {}
-    for wheel in out.glob("*.whl"):
-        wheels[canonicalize_name(wheel.name.split("-")[0])] = wheel
-    assert set(wheels) == set(builds), f"expected wheels for {sorted(builds)}, got {sorted(wheels)}"
-    return wheels
 
 
 # -- third-party dependencies, linked in rather than downloaded -------------------------------------
@@ -182,21 +94,15 @@ def _link_third_party(wheels: dict[str, Path], site: Path, target_site_packages:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
+def venv(release_wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
     workdir = tmp_path_factory.mktemp("e2e")
-    wheels = _build_wheels(workdir)
-    root = workdir / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
-    python = root / "bin" / "python"
-    site_packages = Path(
-        subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                       check=True, capture_output=True, text=True).stdout.strip()
-    )
-    _link_third_party(wheels, workdir / "third_party", site_packages)
-    fresh = FreshVenv(root, python, wheels, workdir)
+    fresh = FreshVenv.create(workdir / "venv", workdir / "work")
+    fresh.wheels = wheels_in(release_wheelhouse)
+    assert set(fresh.wheels) == set(PROJECTS), fresh.wheels
+    _link_third_party(fresh.wheels, workdir / "third_party", fresh.site_packages)
     # No --no-deps: pip must find every declared dependency (ours in the wheels, the rest linked in).
-    requested = [f"{wheel}[{EXTRAS[name]}]" if name in EXTRAS else str(wheel) for name, wheel in wheels.items()]
-    fresh.pip("install", "--no-index", "--find-links", str(workdir / "wheels"), *requested)
+    requested = [f"{wheel}[{EXTRAS[name]}]" if name in EXTRAS else str(wheel) for name, wheel in fresh.wheels.items()]
+    fresh.pip("install", "--no-index", "--find-links", str(release_wheelhouse), *requested)
     return fresh
 
 

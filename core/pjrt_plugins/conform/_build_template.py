@@ -1,9 +1,10 @@
-"""setuptools hook: built wheels of pjrt-plugins carry the plugin template for ``pjrt-plugins new-plugin``.
+"""setuptools hooks: the sdist and the wheels of pjrt-plugins carry the plugin template for ``pjrt-plugins new-plugin``.
 
-The template's only copy in the repository is ``plugins/stub_neuron``; this copies its
-files (``_template_files.TEMPLATE_FILES``) into ``pjrt_plugins/conform/_template`` of
-the wheel. Editable installs skip it: new-plugin reads the source tree directly.
-Loaded by setuptools by file path, so it imports nothing from pjrt_plugins.
+The template's only copy in the repository is ``plugins/stub_neuron``. The sdist carries
+its files (``_template_files.TEMPLATE_FILES``) at the same place, so that a wheel built
+from the sdist (as ``python -m build`` does) finds them; every wheel copies them into
+``pjrt_plugins/conform/_template``. Editable installs skip it: new-plugin reads the
+source tree directly. Loaded by setuptools by file path, so it imports nothing from pjrt_plugins.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 
 def _template_constants() -> dict:
@@ -55,3 +57,15 @@ class BuildPyWithTemplate(build_py):
             return
         written = copy_template(source, destination)
         self.announce(f"packed {len(written)} template files from {source} into {destination}", level=2)
+
+
+class SdistWithTemplate(sdist):
+    """sdist that also carries ``plugins/stub_neuron``'s template files, so wheels built from it have the template."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        source = Path(_template_constants()["TEMPLATE_SOURCE"])
+        if not source.is_dir():
+            return  # building from an sdist that lacks it: build_py warns
+        written = copy_template(source, Path(base_dir) / source)
+        self.announce(f"added {len(written)} template files from {source} to the sdist", level=2)
