@@ -19,7 +19,8 @@ from importlib.metadata import Distribution, EntryPoint
 from pathlib import Path
 from typing import Any
 
-from . import _registry
+from . import _jax_plugins, _registry
+from ._jax_plugins import JaxPackage
 from ._library_plugin import LibrarySpec, library_specs_from_environment, make_library_plugin
 from ._plugin import DevicePlugin
 from ._registry import PluginRecord, canonical_name
@@ -68,6 +69,7 @@ class _Candidate:
         distribution: str | None = None,  # normalized name
         library: LibrarySpec | None = None,
         deferred_reason: str | None = None,
+        jax: JaxPackage | None = None,
     ) -> None:
         self.name = name
         self.origin = origin
@@ -76,6 +78,7 @@ class _Candidate:
         self.distribution = distribution
         self.library = library
         self.deferred_reason = deferred_reason
+        self.jax = jax
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -133,6 +136,42 @@ def _entry_point_candidates(entry_points: list[EntryPoint]) -> list[_Candidate]:
     return candidates
 
 
+def _jax_candidates(jax_eps: list[EntryPoint], backends: list[_Candidate]) -> tuple[list[_Candidate], dict[str, list[JaxPackage]]]:
+    """JAX plugin packages as candidates, and those that belong to one of our backends (by backend name).
+
+    A package whose distribution also registers a backend in ``torch_xla.plugins`` is that
+    backend (our own packages publish both). A package a backend's distribution requires
+    (pjrt-plugin-gpu requires jax-cuda13-pjrt) is that backend's library: one plugin, two origins.
+    """
+    if not _jax_plugins.enabled():
+        return [], {}
+    packages = _jax_plugins.jax_packages(jax_eps)
+    if not packages:
+        return [], {}
+    backend_dists = {c.distribution: c for c in backends if c.distribution}
+    requirers: dict[str, _Candidate] = {}  # JAX package distribution -> the backend that requires it
+    for distribution, backend in sorted(backend_dists.items(), key=lambda item: item[1].name):
+        if backend.dist is not None:
+            for required in _jax_plugins.required_distributions(backend.dist):
+                requirers.setdefault(required, backend)
+    candidates: list[_Candidate] = []
+    merged: dict[str, list[JaxPackage]] = {}
+    for package in packages:
+        distribution = distribution_name(package.dist)
+        if distribution in backend_dists:
+            continue
+        if distribution in requirers:
+            merged.setdefault(requirers[distribution].name, []).append(package)
+            continue
+        try:
+            name = canonical_name(_jax_plugins.plugin_name(package.module))
+        except ValueError as exc:
+            warnings.warn(f"pjrt_plugins: skipping JAX plugin {package.origin}: {exc}", PluginWarning, stacklevel=3)
+            continue
+        candidates.append(_Candidate(name, package.origin, dist=package.dist, distribution=distribution, jax=package))
+    return candidates, merged
+
+
 def _environment_candidates() -> list[_Candidate]:
     candidates = []
     for spec in library_specs_from_environment():
@@ -185,15 +224,17 @@ def _rank(candidates: list[_Candidate], preferred: str | None, path_order: _SysP
 
     1. a library named in the environment (an explicit choice for this process);
     2. the distribution named for this plugin in PJRT_PLUGINS_PREFER;
-    3. an entry point loaded at import over a deferred (PyTorch/XLA) one;
-    4. the distribution found earlier on sys.path (as ``import`` would);
-    5. the alphabetically first distribution name, then entry-point value.
+    3. a backend (``torch_xla.plugins``) over a JAX plugin package;
+    4. an entry point loaded when asked for over a deferred (PyTorch/XLA) one;
+    5. the distribution found earlier on sys.path (as ``import`` would);
+    6. the alphabetically first distribution name, then entry-point value.
     """
 
     def key(c: _Candidate) -> tuple:
         return (
             c.library is None,
             not (preferred is not None and c.distribution == preferred),
+            c.jax is not None,
             c.deferred_reason is not None,
             path_order(c.dist) if c.library is None else 0,
             c.distribution or "",
@@ -290,6 +331,8 @@ def _record_for(candidate: _Candidate) -> PluginRecord:
             warnings.warn(f"pjrt_plugins: skipping {error}", PluginWarning, stacklevel=4)
             return PluginRecord(candidate.name, candidate.origin, error=error)
         return PluginRecord(candidate.name, candidate.origin, plugin=plugin)
+    if candidate.jax is not None:  # core code only: the package itself is never imported
+        return PluginRecord(candidate.name, candidate.origin, plugin=_jax_plugins.JaxPackagePlugin(candidate.jax), **common)
     assert candidate.entry_point is not None
     module = _entry_module(candidate.entry_point)
     if module is None:
@@ -404,10 +447,13 @@ def discover_for_tools() -> list[PluginRecord]:
 
 def _discover(installed: bool) -> list[PluginRecord]:
     candidates = _environment_candidates()
+    merged: dict[str, list[JaxPackage]] = {}
     if installed:
-        plugin_eps, override_eps = _entry_points(PLUGINS_GROUP, OVERRIDES_GROUP)
+        plugin_eps, override_eps, jax_eps = _entry_points(PLUGINS_GROUP, OVERRIDES_GROUP, _jax_plugins.JAX_GROUP)
         _read_site_overrides(override_eps)
-        candidates += _entry_point_candidates(plugin_eps)
+        backends = _entry_point_candidates(plugin_eps)
+        jax_candidates, merged = _jax_candidates(jax_eps, backends)
+        candidates += backends + jax_candidates
     candidates = [c for c in candidates if c.key not in _seen]
     _seen.update(c.key for c in candidates)
 
@@ -437,4 +483,23 @@ def _discover(installed: bool) -> list[PluginRecord]:
         record.shadowed.extend(_shadow_record(c) for c in losers)
         _registry._add_record(record)
         registered.append(record)
+    _merge_jax_origins(merged)
+    _registry._add_framework_aliases()
     return registered
+
+
+def _merge_jax_origins(merged: dict[str, list[JaxPackage]]) -> None:
+    """Name a backend's JAX package as its second origin, and the package's JAX-derived name as an alias."""
+    for backend, packages in merged.items():
+        record = _registry._records.get(backend)
+        if record is None:
+            continue
+        for package in packages:
+            distribution = distribution_name(package.dist)  # no version: reading it would parse METADATA at import
+            origin = f"JAX plugin package {distribution or package.module} ({package.origin})"
+            if origin not in record.also:
+                record.also.append(origin)
+            try:
+                _registry._add_alias(canonical_name(_jax_plugins.plugin_name(package.module)), backend, origin)
+            except ValueError:
+                continue

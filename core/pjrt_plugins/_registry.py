@@ -70,7 +70,9 @@ class PluginRecord:
     ``deferred_reason`` is set for the records that load only when asked for by
     name (PyTorch/XLA's own, which import torch); ``ready()`` says whether a
     deferred record can load now (not while its module is mid-import).
-    ``shadowed`` lists the records that offered the same name and lost.
+    ``shadowed`` lists the records that offered the same name and lost; ``also``
+    names further origins of this same plugin (the JAX plugin package whose
+    library a backend wraps); ``aliases`` the other names that reach it.
     ``version`` is read from the distribution's metadata only when first asked.
     """
 
@@ -99,6 +101,12 @@ class PluginRecord:
         self.deferred_reason = deferred_reason
         self.ready = ready
         self.shadowed: list[PluginRecord] = []
+        self.also: list[str] = []  # further origins of the same plugin (a JAX package wrapping the same library)
+
+    @property
+    def aliases(self) -> list[str]:
+        """Other names that reach this plugin (``cuda`` for ``gpu``), sorted."""
+        return sorted(alias for alias, (target, _) in _aliases.items() if target == self.name)
 
     @property
     def version(self) -> str | None:
@@ -143,8 +151,12 @@ class PluginRecord:
         return f"<PluginRecord {self.name!r} {self.status} from {self.distribution or self.origin}>"
 
 
+#: PyTorch/XLA's and JAX's names for our reference backends: alias -> plugin name.
+FRAMEWORK_ALIASES = {"cuda": "gpu"}
+
 _lock = threading.RLock()
 _records: dict[str, PluginRecord] = {}
+_aliases: dict[str, tuple[str, str]] = {}  # alias -> (plugin name, where the alias comes from)
 _settling = False
 # Called on every plugin object that enters the registry (discovery layers site overrides).
 _attach_callbacks: list[Callable[[DevicePlugin, PluginRecord], None]] = []
@@ -187,6 +199,11 @@ def register_plugin(name: str, plugin: Any, *, replace: bool = False) -> DeviceP
     """
     canonical = canonical_name(name)
     device_plugin = _coerce(plugin)
+    from ._torch_xla import torch_xla_name_problem
+
+    problem = torch_xla_name_problem(canonical)
+    if problem is not None:
+        warnings.warn(f"pjrt_plugins: register_plugin({name!r}): {problem}", PluginWarning, stacklevel=2)
     with _lock:
         previous = _records.get(canonical)
         if previous is not None and previous.plugin is device_plugin:
@@ -212,6 +229,28 @@ def _add_record(record: PluginRecord) -> None:
         if record.plugin is not None:
             _bind(record.plugin, record)
         _records[record.name] = record
+
+
+def _add_alias(alias: str, target: str, origin: str) -> None:
+    """Let ``alias`` reach ``target``; a registered name always wins over an alias, and the first alias stays."""
+    with _lock:
+        if alias != target and alias not in _records:
+            _aliases.setdefault(alias, (target, origin))
+
+
+def _add_framework_aliases() -> None:
+    for alias, target in FRAMEWORK_ALIASES.items():
+        if target in _records:
+            _add_alias(alias, target, "PyTorch/XLA's and JAX's name for it")
+
+
+def resolve_name(name: str) -> str:
+    """The registered name ``name`` (any case, or an alias such as ``CUDA``) stands for; unknown names come back canonical."""
+    canonical = canonical_name(name)
+    with _lock:
+        if canonical not in _records and canonical in _aliases:
+            return _aliases[canonical][0]
+    return canonical
 
 
 def warn_load_failure(record: PluginRecord, stacklevel: int = 3) -> None:
@@ -300,7 +339,7 @@ def plugin_record(name: str) -> PluginRecord:
     Raises :class:`PluginNotFoundError` listing the installed plugins (for tools
     that report on a plugin without loading it, like ``doctor`` and ``conform``).
     """
-    canonical = canonical_name(name)
+    canonical = resolve_name(name)
     with _lock:
         record = _records.get(canonical)
         if record is None:
@@ -313,9 +352,11 @@ def get_plugin(name: str) -> DevicePlugin:
 
     Raises :class:`PluginNotFoundError` listing the installed plugins, or
     :class:`PluginLoadError` (the original error as ``__cause__``) for a plugin
-    that is installed but failed to load. A deferred plugin is loaded now.
+    that is installed but failed to load. A deferred plugin is loaded now. An
+    alias (``CUDA`` for ``gpu``, see :attr:`PluginRecord.aliases`) reaches the
+    plugin it names.
     """
-    canonical = canonical_name(name)
+    canonical = resolve_name(name)
     with _lock:
         record = _records.get(canonical)
         if record is None:

@@ -47,6 +47,22 @@ def distribution_name(dist: Distribution | None) -> str | None:
     return normalize_distribution_name(name) if name else None
 
 
+def torch_xla_name_problem(name: str) -> str | None:
+    """Why PyTorch/XLA could not select a plugin registered as ``name``, with the fix, or ``None``.
+
+    torch_xla 2.9 takes the device type from ``PJRT_DEVICE`` up to the first ``_``
+    (``xr.device_type()``) and looks its plugin up under that: ``PJRT_DEVICE=MY_CPU``
+    means device type ``MY``, so ``plugins.default()`` and ``xr.host_index()`` raise
+    ``KeyError``. A ``-`` survives (``MY-CPU`` works).
+    """
+    if "_" not in name:
+        return None
+    return (
+        f"PyTorch/XLA reads PJRT_DEVICE={name.upper()} as device type {name.split('_')[0].upper()!r} "
+        f"(it splits on '_'), so its runtime cannot find this plugin; name it {name.replace('_', '-')!r} instead"
+    )
+
+
 def is_torch_xla_distribution(dist: Distribution | None) -> bool:
     return distribution_name(dist) == TORCH_XLA_DISTRIBUTION
 

@@ -66,7 +66,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         else:
             print("No PJRT plugins are installed. Install a backend package, or set PJRT_LIBRARY_PATH.")
         return EXIT_OK
-    table_rows, notes = [], []
+    table_rows, notes, names, torch_xla = [], [], [], {}
     for row in rows:
         dist = row["distribution"] or row["origin"]
         if row["distribution"] and row["version"]:
@@ -74,12 +74,22 @@ def cmd_list(args: argparse.Namespace) -> int:
         table_rows.append([row["name"] + (" *" if row["default"] else ""), dist, row["library_path"], row["priority"], row["status"]])
         if row["reason"]:
             notes.append(f"  {row['name']} ({row['status']}): {row['reason']}")
+        if row.get("torch_xla"):
+            torch_xla[row["name"]] = f"  {row['name']}: {row['torch_xla']}"
+        if row.get("aliases") or row.get("also"):
+            said = [f"also named {', '.join(row['aliases'])}"] if row.get("aliases") else []
+            said += [f"also {origin}" for origin in row.get("also", [])]
+            names.append(f"  {row['name']}: " + "; ".join(said))
     print(_table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
     print("\n* = default plugin (PJRT_DEVICE, else the available plugin with the highest priority)")
     if not _installed_discovered():
         print("Installed plugins are not shown: PJRT_PLUGINS_AUTOLOAD is off.")
     if notes:
         print("\nReasons:\n" + "\n".join(notes))
+    if names:
+        print("\nOther names and origins:\n" + "\n".join(names))
+    if torch_xla:
+        print("\nPyTorch/XLA:\n" + "\n".join(torch_xla.values()))
     return EXIT_OK
 
 

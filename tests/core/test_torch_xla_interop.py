@@ -175,3 +175,69 @@ def test_instances_subclass_torch_xla_base_when_fake_torch_xla_module_is_loaded(
     assert isinstance(adapted, FakeTorchXlaDevicePlugin)
     monkeypatch.delitem(sys.modules, "torch_xla.experimental.plugins")
     assert not isinstance(Unavailable(), FakeTorchXlaDevicePlugin)
+
+
+# -- against the real torch_xla 2.9, where a virtual environment with it is at hand -------------
+
+#: The python of a torch 2.9 + torch_xla 2.9 environment (tools/torch-xla-2.9-venv.sh beside the brief builds one).
+TORCH_XLA_PYTHON_VAR = "PJRT_PLUGINS_TORCH_XLA_PYTHON"
+
+REAL_TORCH_XLA = """
+import json, os
+import torch_xla
+from torch_xla.experimental import plugins
+import torch_xla.runtime as xr
+from pjrt_plugins._torch_xla import torch_xla_name_problem
+out = {"registered": sorted(plugins._plugin_registry), "dynamic": os.environ.get("PJRT_DYNAMIC_PLUGINS"),
+       "device_type": xr.device_type(), "name_problem": torch_xla_name_problem(os.environ["PJRT_DEVICE"].lower())}
+try:
+    default = plugins.default()
+    out["default"] = [type(default).__name__, default.library_path() == os.environ["LIB"], xr.global_runtime_device_count()]
+except Exception as exc:
+    out["default"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def torch_xla_python() -> str:
+    import os
+    from pathlib import Path
+
+    python = os.environ.get(TORCH_XLA_PYTHON_VAR, "")
+    if not python or not Path(python).is_file():
+        pytest.skip(f"needs torch_xla 2.9: set {TORCH_XLA_PYTHON_VAR} to the python of an environment that has it")
+    return python
+
+
+def test_the_documented_torch_xla_variables_and_name_rule_hold_in_real_torch_xla(
+    torch_xla_python, site, deps_dir, plugin_source, cpu_library
+):
+    import json
+    import subprocess
+
+    from conftest import CORE_DIR, child_env
+
+    body = "@hookimpl\ndef pjrt_client_create_options(self):\n    return {'cpu_device_count': 2}\n"
+    source = plugin_source("MyCpu", library=repr(cpu_library), body=body)
+    site.add("my-cpu-plugin", modules={"mycpu_mod": source}, plugins={"mycpu": "mycpu_mod:MyCpu", "my_cpu": "mycpu_mod:MyCpu"})
+
+    def run(env):
+        proc = subprocess.run(
+            [torch_xla_python, "-c", REAL_TORCH_XLA], capture_output=True, text=True, timeout=300,
+            env=child_env([site.root, CORE_DIR, deps_dir], {"LIB": cpu_library, **env}),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    # XLA_REGISTER_INSTALLED_PLUGINS (default 1) registers the installed entry points and turns on
+    # PJRT_DYNAMIC_PLUGINS; PJRT_DEVICE then selects ours.
+    on = run({"PJRT_DEVICE": "MYCPU"})
+    assert {"MYCPU", "MY_CPU"} <= set(on["registered"]) and on["dynamic"] == "1"
+    assert on["default"] == ["MyCpu", True, 2] and on["name_problem"] is None
+    off = run({"PJRT_DEVICE": "MYCPU", "XLA_REGISTER_INSTALLED_PLUGINS": "0"})
+    assert "MYCPU" not in off["registered"] and off["dynamic"] is None
+    # A '_' in the name: torch_xla's device type is the part before it, and its lookup fails.
+    split = run({"PJRT_DEVICE": "MY_CPU"})
+    assert split["device_type"] == "MY" and split["default"].startswith("KeyError")
+    assert "device type 'MY'" in split["name_problem"]
