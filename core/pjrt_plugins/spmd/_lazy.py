@@ -555,6 +555,8 @@ def _write_back(base: TensorData, view_op: Any, view_args: tuple, new_view: fx.N
         updated = dispatch(view_op, (), (view_t, *view_args), {})
     elif name == "diagonal":
         updated = dispatch(aten.diagonal_scatter.default, (), (base_t, view_t, *view_args), {})
+    elif name == "as_strided":
+        updated = dispatch(aten.as_strided_scatter.default, (), (base_t, view_t, *view_args), {})
     else:
         raise UnsupportedOpError(op_name(view_op), f"writing in place into the result of {op_name(view_op)} (a view) "
                                  "is not supported on the pjrt device; clone it first")

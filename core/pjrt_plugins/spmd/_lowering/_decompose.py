@@ -49,6 +49,25 @@ _FUNCTIONAL_RENAMES = {
     "aten::fill_.Scalar": "aten::fill.Scalar",
     "aten::fill_.Tensor": "aten::fill.Tensor",
     "aten::zero_": "aten::zero",
+    "aten::pow_.Scalar": "aten::pow.Tensor_Scalar",  # aten::pow.Scalar is (Scalar self, Tensor exponent)
+    "aten::pow_.Tensor": "aten::pow.Tensor_Tensor",
+    "aten::float_power_.Scalar": "aten::float_power.Tensor_Scalar",
+    "aten::float_power_.Tensor": "aten::float_power.Tensor_Tensor",
+    "aten::ldexp_": "aten::ldexp.Tensor",
+    "aten::floor_divide_.Tensor": "aten::floor_divide.default",
+    "aten::transpose_": "aten::transpose.int",
+    "aten::__iand__.Tensor": "aten::bitwise_and.Tensor",
+    "aten::__iand__.Scalar": "aten::bitwise_and.Scalar",
+    "aten::__ior__.Tensor": "aten::bitwise_or.Tensor",
+    "aten::__ior__.Scalar": "aten::bitwise_or.Scalar",
+    "aten::__ixor__.Tensor": "aten::bitwise_xor.Tensor",
+    "aten::__ixor__.Scalar": "aten::bitwise_xor.Scalar",
+    "aten::__ilshift__.Tensor": "aten::bitwise_left_shift.Tensor",
+    "aten::__ilshift__.Scalar": "aten::bitwise_left_shift.Tensor_Scalar",
+    "aten::__irshift__.Tensor": "aten::bitwise_right_shift.Tensor",
+    "aten::__irshift__.Scalar": "aten::bitwise_right_shift.Tensor_Scalar",
+    # torch's reference decompositions write results with copy_to (same element count, same shape here).
+    "prims::copy_to": "aten::copy",
 }
 
 

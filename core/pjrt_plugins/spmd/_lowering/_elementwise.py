@@ -15,9 +15,11 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError
 from ._emitter import Emitter, Operand, TensorValue
+from ._mlir import is_unsigned
 from ._table import lowers
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 def _meta(x: Operand) -> torch.Tensor | bool | int | float:
@@ -182,6 +184,26 @@ def _bitwise(fn: Any) -> Any:
 lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)(_bitwise(hlo.and_))
 lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar)(_bitwise(hlo.or_))
 lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)(_bitwise(hlo.xor))
+
+
+def _shift(left: bool) -> Any:
+    """Shifts by amounts outside [0, bits) give 0 (left) or the sign fill (right), in torch and StableHLO alike."""
+
+    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
+        ta, tb = _operands(em, out, (a, b), out.dtype)
+        if left:
+            fn = hlo.shift_left
+        else:
+            fn = hlo.shift_right_logical if is_unsigned(out.dtype) or out.dtype == torch.bool else hlo.shift_right_arithmetic
+        return em.binary(fn, ta, tb)
+
+    return lower
+
+
+lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor,
+       aten.__lshift__.Tensor, aten.__lshift__.Scalar, prims.shift_left.default)(_shift(True))
+lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor,
+       aten.__rshift__.Tensor, aten.__rshift__.Scalar, prims.shift_right_arithmetic.default)(_shift(False))
 
 
 def _logical(fn: Any) -> Any:

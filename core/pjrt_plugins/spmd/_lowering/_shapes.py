@@ -13,11 +13,12 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError, UnsupportedOpError
 from ._emitter import Emitter, Operand, TensorValue
-from ._indexing import gather_along
+from ._indexing import gather_along, scatter_along
 from ._mlir import tensor_type
 from ._table import lowers
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
@@ -222,27 +223,44 @@ def _repeat(em: Emitter, out: torch.Tensor, x: TensorValue, repeats: Sequence[in
     return em.reshape(b, tuple(out.shape))
 
 
-@lowers(aten.as_strided.default, aten.as_strided_copy.default)
-def _as_strided(em: Emitter, out: torch.Tensor, x: TensorValue, size: Sequence[int], stride: Sequence[int],
-                storage_offset: int | None = None) -> TensorValue:
-    """A strided view of a contiguous tensor: a gather from its flattened elements.
+def _strided_positions(em: Emitter, op: str, size: Sequence[int], stride: Sequence[int],
+                       storage_offset: int | None) -> TensorValue:
+    """int64 [size]: the flat storage position of every element of a strided view of the op's first input.
 
-    The strides refer to the input's storage, so the input must be contiguous with no
-    offset of its own (torch's decompositions of ``diagonal`` etc. give such inputs).
+    The strides refer to that input's storage, so it must be contiguous with no offset of its
+    own (torch's decompositions of ``diagonal`` etc. give such inputs).
     """
     base = em.node.args[0].meta.get("val") if em.node is not None else None
     if not isinstance(base, torch.Tensor) or not base.is_contiguous() or base.storage_offset() != 0:
-        raise UnsupportedOpError("aten.as_strided.default",
-                                 "aten.as_strided of a non-contiguous view is not supported on the pjrt device; "
-                                 "call .contiguous() first")
+        raise UnsupportedOpError(op, f"{op} of a non-contiguous view is not supported on the pjrt device; call "
+                                 ".contiguous() first")
     size = tuple(int(s) for s in size)
-    offset = int(storage_offset or 0)
-    flat = em.reshape(x, (x.numel,))
-    index = em.constant(offset, torch.int64, size)
+    index = em.constant(int(storage_offset or 0), torch.int64, size)
     for d, st in enumerate(stride):
         if size[d] > 1 and st != 0:
             index = em.add(index, em.mul(em.iota(size, d, torch.int64), em.constant(int(st), torch.int64, size)))
-    return em.reshape(gather_along(em, flat, 0, index), size)
+    return index
+
+
+@lowers(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(em: Emitter, out: torch.Tensor, x: TensorValue, size: Sequence[int], stride: Sequence[int],
+                storage_offset: int | None = None) -> TensorValue:
+    """A strided view of a contiguous tensor: a gather from its flattened elements."""
+    index = _strided_positions(em, "aten.as_strided.default", size, stride, storage_offset)
+    if index.numel == 0 or x.numel == 0:
+        return em.constant(0, x.dtype, tuple(out.shape))
+    return em.reshape(gather_along(em, em.reshape(x, (x.numel,)), 0, index), tuple(out.shape))
+
+
+@lowers(aten.as_strided_scatter.default, prims.as_strided_scatter.default)
+def _as_strided_scatter(em: Emitter, out: torch.Tensor, x: TensorValue, src: TensorValue, size: Sequence[int],
+                        stride: Sequence[int], storage_offset: int | None = None) -> TensorValue:
+    """``x`` with the elements of its strided view replaced by ``src`` (as_strided's backward writes this)."""
+    index = _strided_positions(em, "aten.as_strided_scatter.default", size, stride, storage_offset)
+    if index.numel == 0 or x.numel == 0:
+        return x
+    flat = scatter_along(em, em.reshape(x, (x.numel,)), 0, index, em.convert(src, x.dtype), None)
+    return em.reshape(flat, x.shape)
 
 
 def _triangle(em: Emitter, x: TensorValue, diagonal: int, lower: bool) -> TensorValue:
@@ -287,3 +305,43 @@ def _roll(em: Emitter, out: torch.Tensor, x: TensorValue, shifts: Sequence[int],
         tail_limits[d] = n - k
         y = em.concatenate([em.slice(y, head_starts, limits, strides), em.slice(y, starts, tail_limits, strides)], d)
     return y
+
+
+def _diagonal_geometry(x: TensorValue, offset: int, dim1: int, dim2: int) -> tuple[list[int], tuple[int, ...], list[int]]:
+    """(permutation bringing dim1, dim2 last, the flattened shape [..., R*C], flat positions of the diagonal)."""
+    d1, d2 = dim1 % x.rank, dim2 % x.rank
+    perm = [i for i in range(x.rank) if i not in (d1, d2)] + [d1, d2]
+    rows, cols = x.shape[d1], x.shape[d2]
+    r0, c0 = max(-offset, 0), max(offset, 0)
+    length = max(0, min(rows - r0, cols - c0))
+    positions = [(k + r0) * cols + (k + c0) for k in range(length)]
+    return perm, tuple(x.shape[i] for i in perm[:-2]) + (rows * cols,), positions
+
+
+@lowers(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(em: Emitter, out: torch.Tensor, x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
+    perm, flat_shape, positions = _diagonal_geometry(x, int(offset), dim1, dim2)
+    if not positions or x.numel == 0:
+        return em.constant(0, x.dtype, tuple(out.shape))
+    flat = em.reshape(em.transpose(x, perm), flat_shape)
+    index = em.add(em.mul(em.iota((len(positions),), 0, torch.int64),
+                          em.constant(positions[1] - positions[0] if len(positions) > 1 else 0, torch.int64,
+                                      (len(positions),))),
+                   em.constant(positions[0], torch.int64, (len(positions),)))
+    return gather_along(em, flat, len(flat_shape) - 1, index)
+
+
+@lowers(aten.diagonal_scatter.default)
+def _diagonal_scatter(em: Emitter, out: torch.Tensor, x: TensorValue, src: TensorValue, offset: int = 0, dim1: int = 0,
+                      dim2: int = 1) -> TensorValue:
+    perm, flat_shape, positions = _diagonal_geometry(x, int(offset), dim1, dim2)
+    if not positions or x.numel == 0:
+        return x
+    moved = em.transpose(x, perm)
+    flat = em.reshape(moved, flat_shape)
+    step = positions[1] - positions[0] if len(positions) > 1 else 0
+    index = em.add(em.mul(em.iota((len(positions),), 0, torch.int64), em.constant(step, torch.int64, (len(positions),))),
+                   em.constant(positions[0], torch.int64, (len(positions),)))
+    written = em.reshape(scatter_along(em, flat, len(flat_shape) - 1, index, em.convert(src, x.dtype), None), moved.shape)
+    inverse = [perm.index(i) for i in range(x.rank)]
+    return em.transpose(written, inverse)
