@@ -63,11 +63,6 @@ ALL_CASES = [key for keys in CASES.values() for key in keys]
 
 #: (case, phase) -> why it does not pass yet. Strict: a fix makes the test fail until the entry goes.
 KNOWN_FAILURES = {
-    ("norm", "backward"): "issue 12 item 5: vector_norm backward for ord != 2 (aten.pow.Scalar gets a Tensor)",
-    ("linalg.vector_norm", "backward"): "issue 12 item 5: vector_norm backward for ord != 2 (aten.pow.Scalar gets "
-                                        "a Tensor)",
-    ("diagonal", "backward"): "issue 12 item 6: the CPU fallback of an in-place op on a view (prims.copy_to) does "
-                              "not write back into the base",
     ("nn.functional.layer_norm", "backward"): "one gradient element differs from the CPU by 1.2e-4",
     ("matmul", "forward"): "issue 12 item 5: vec @ mat fails in aten.squeeze_.dim",
     ("matmul", "backward"): "issue 12 item 5: vec @ mat fails in aten.squeeze_.dim",
