@@ -6,6 +6,7 @@ this folder on ``sys.path``. Nothing here imports torch, jax or the runtime.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import threading
@@ -59,3 +60,55 @@ def run_on_threads(target: Callable[..., Any], arguments: Iterable[tuple[Any, ..
     for thread in threads:
         thread.join(timeout)
     assert not errors, errors
+
+
+def requirement_applies(requirement: Any, extra: str = "") -> bool:
+    """Whether a ``packaging`` Requirement applies to an install here with ``extra`` (its markers hold)."""
+    from packaging.markers import default_environment
+
+    if requirement.marker is None:
+        return True
+    return requirement.marker.evaluate({**default_environment(), "extra": extra})
+
+
+def installed_closure(roots: Iterable[str]) -> list[importlib.metadata.Distribution]:
+    """The distributions installed here that ``roots`` name, with everything they need."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    pending = list(roots)
+    while pending:
+        name = canonicalize_name(pending.pop())
+        if name in seen:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise AssertionError(f"{name} is not installed in the test environment, which the test links it from") from None
+        seen[name] = dist
+        pending.extend(r.name for r in map(Requirement, dist.requires or []) if requirement_applies(r))
+    return list(seen.values())
+
+
+def link_installed_distributions(roots: Iterable[str], site: Path, target_site_packages: Path) -> list[str]:
+    """Make ``roots`` and their dependencies, as installed here, importable in another environment.
+
+    Their top-level files (packages, modules, dist-info) are linked into ``site``, which one
+    .pth file adds to ``target_site_packages``: offline, and nothing else leaks in.
+    Returns the linked distributions' names.
+    """
+    from packaging.utils import canonicalize_name
+
+    site.mkdir()
+    linked = []
+    for dist in installed_closure(roots):
+        assert dist.files, f"{dist.metadata['Name']} has no RECORD; cannot tell its files"
+        top_level = {Path(str(f)).parts[0] for f in dist.files if not str(f).startswith("..")}
+        for entry in sorted(top_level - {"__pycache__"}):
+            source = Path(str(dist.locate_file(entry)))
+            if source.exists() and not (site / entry).exists():
+                (site / entry).symlink_to(source)
+        linked.append(canonicalize_name(dist.metadata["Name"]))
+    (target_site_packages / "_linked_distributions.pth").write_text(f"{site}\n")
+    return sorted(linked)

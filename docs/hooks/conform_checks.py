@@ -6,13 +6,21 @@ So the documented list is always the list ``pjrt-plugins conform`` runs.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 MARKER = "<!-- conform-checks -->"
 
 
+#: The core's sources, importable without installing the package (docs/requirements.txt has its dependencies).
+CORE = Path(__file__).resolve().parents[2] / "core"
+
+
 def checks_table() -> str:
     os.environ.setdefault("PJRT_PLUGINS_AUTOLOAD", "0")  # the table needs no plugin
+    if str(CORE) not in sys.path:
+        sys.path.insert(0, str(CORE))
     from pjrt_plugins.conform import check_plan
     from pjrt_plugins.conform._runner import EXIT_CHECK
 

@@ -8,16 +8,14 @@ only from the wheels scripts/release built (the session's ``release_wheelhouse``
 from __future__ import annotations
 
 import email
-import importlib.metadata
 import zipfile
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from _support import link_installed_distributions, requirement_applies
 from e2e_support import FreshVenv, wheels_in
 from pjrt_plugins.conform._programs import spmd_square_and_sum
 
@@ -42,55 +40,15 @@ def _wheel_requirements(wheel: Path) -> list[Requirement]:
     return [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
 
 
-def _applies(requirement: Requirement, extra: str = "") -> bool:
-    """True for requirements of an install here with ``extra`` (markers true)."""
-    if requirement.marker is None:
-        return True
-    return requirement.marker.evaluate({**default_environment(), "extra": extra})
-
-
-def _third_party_closure(roots: Iterable[str]) -> list[importlib.metadata.Distribution]:
-    """The installed distributions ``roots`` need, with their own dependencies."""
-    seen: dict[str, importlib.metadata.Distribution] = {}
-    pending = list(roots)
-    while pending:
-        name = canonicalize_name(pending.pop())
-        if name in seen:
-            continue
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            pytest.fail(f"{name} is not installed in the test environment; the e2e test links it from there (offline)")
-        seen[name] = dist
-        pending.extend(r.name for r in map(Requirement, dist.requires or []) if _applies(r))
-    return list(seen.values())
-
-
 def _link_third_party(wheels: dict[str, Path], site: Path, target_site_packages: Path) -> list[str]:
-    """Make the wheels' third-party dependencies importable in the new venv through one .pth file.
-
-    Only those distributions' own top-level files are linked (into ``site``), so
-    nothing of ours leaks in from the running environment.
-    """
-    ours = set(wheels)
+    """Make the wheels' third-party dependencies importable in the new venv, linked from this environment."""
     roots = {
         canonicalize_name(r.name)
         for distribution, wheel in wheels.items()
         for r in _wheel_requirements(wheel)
-        if _applies(r) or _applies(r, EXTRAS.get(distribution, ""))
-    } - ours
-    site.mkdir()
-    linked = []
-    for dist in _third_party_closure(roots):
-        assert dist.files, f"{dist.metadata['Name']} has no RECORD; cannot tell its files"
-        top_level = {Path(str(f)).parts[0] for f in dist.files if not str(f).startswith("..")}
-        for entry in sorted(top_level - {"__pycache__"}):
-            source = Path(str(dist.locate_file(entry)))
-            if source.exists() and not (site / entry).exists():
-                (site / entry).symlink_to(source)
-        linked.append(canonicalize_name(dist.metadata["Name"]))
-    (target_site_packages / "_e2e_third_party.pth").write_text(f"{site}\n")
-    return sorted(linked)
+        if requirement_applies(r) or requirement_applies(r, EXTRAS.get(distribution, ""))
+    } - set(wheels)
+    return link_installed_distributions(roots, site, target_site_packages)
 
 
 @pytest.fixture(scope="module")
