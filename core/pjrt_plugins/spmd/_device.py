@@ -43,7 +43,12 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 class _PjrtBackendModule:
-    """``torch.pjrt``: what torch asks a backend module (one device, always available)."""
+    """``torch.pjrt``: what torch asks a backend's device module.
+
+    One device, always available. ``torch.random.fork_rng`` and ``torch.utils.checkpoint``
+    save and restore the RNG state through ``get_rng_state`` / ``set_rng_state`` (and
+    ``device(i)``), and ``torch.autocast("pjrt")`` asks ``get_amp_supported_dtype``.
+    """
 
     @staticmethod
     def is_available() -> bool:
@@ -62,6 +67,27 @@ class _PjrtBackendModule:
         return 0
 
     @staticmethod
+    def set_device(device: Any) -> None:
+        _check_index(device)
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        _check_index(device)
+        return "pjrt (the devices of the active PJRT plugin)"
+
+    class device:
+        """``with torch.pjrt.device(0):``: selects the only device (anything else raises)."""
+
+        def __init__(self, device: Any) -> None:
+            _check_index(device)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    @staticmethod
     def _is_in_bad_fork() -> bool:
         return False
 
@@ -74,11 +100,62 @@ class _PjrtBackendModule:
         set_seed(seed)
 
     @staticmethod
+    def seed() -> None:
+        set_seed(int.from_bytes(os.urandom(8), "little"))
+
+    @staticmethod
+    def seed_all() -> None:
+        set_seed(int.from_bytes(os.urandom(8), "little"))
+
+    @staticmethod
+    def initial_seed() -> int:
+        return rng_state()[0]
+
+    @staticmethod
+    def get_rng_state(device: Any = "pjrt") -> torch.Tensor:
+        _check_index(device)
+        return _encode_rng_state(*rng_state())
+
+    @staticmethod
+    def set_rng_state(new_state: torch.Tensor, device: Any = "pjrt") -> None:
+        _check_index(device)
+        set_rng_state(*_decode_rng_state(new_state))
+
+    @staticmethod
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [_encode_rng_state(*rng_state())]
+
+    @staticmethod
+    def set_rng_state_all(new_states: Any) -> None:
+        states = list(new_states)
+        if len(states) != 1:
+            raise ValueError(f"the pjrt device has one RNG state, got {len(states)}")
+        set_rng_state(*_decode_rng_state(states[0]))
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    @staticmethod
     def synchronize(device: Any = None) -> None:
         """Run pending work (``xs.sync()``); with the engine not yet loaded nothing can be pending."""
         lazy = _lazy_module(load=False)
         if lazy is not None:
             lazy.sync()
+
+
+def _check_index(device: Any) -> None:
+    """Accept the ways torch names the one device (``0``, ``"pjrt"``, ``"pjrt:0"``, a torch.device, ``None``)."""
+    if device is None or (isinstance(device, int) and not isinstance(device, bool) and device in (0, -1)):
+        return
+    if isinstance(device, (str, torch.device)):
+        check_torch_device(device)
+        return
+    raise VirtualDeviceError(f"{device!r} is not the pjrt device: it has one device, index 0")
 
 
 _registered = False
@@ -111,6 +188,9 @@ def register_backend() -> None:
         _library.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
         for name in HOST_FACTORIES:
             _library.impl(name, _host_factory(name), "PrivateUse1")
+        from ._autocast import register as register_autocast
+
+        register_autocast(DEVICE_TYPE)
         _registered = True
         logger.debug("registered the %r torch device", DEVICE_TYPE)
 
@@ -273,7 +353,6 @@ _generation = 0
 _plugin_choice: Any = None  # None: pjrt_plugins.default_plugin()
 _options_choice: dict[str, Any] | None = None
 _spmd_choice: bool | None = None  # None: environment, then DEFAULT_SPMD
-_seed: int | None = None
 
 
 def spmd_from_environment() -> bool:
@@ -391,22 +470,74 @@ def _create() -> VirtualDevice:
     return vd
 
 
-def set_seed(seed: int) -> None:
-    """Remember the RNG seed (``torch.manual_seed`` calls this) and tell the execution engine.
+# =====================================================================================
+# the device RNG state: (seed, offset), read and restored by torch through the device module
+# =====================================================================================
 
-    An engine not loaded yet is not loaded for this (it costs seconds): it starts from
-    ``torch.initial_seed()`` when it is.
-    """
-    global _seed
-    _seed = int(seed)
-    lazy = _lazy_module(load=False)
-    if lazy is not None:
-        lazy.manual_seed(_seed)
+_rng_lock = threading.Lock()
+_rng_seed: int | None = None
+_rng_offset = 0
+_rng_seen_initial: int | None = None
+_MASK64 = (1 << 64) - 1
+
+
+def _sync_seed_locked() -> None:
+    """Follow ``torch.manual_seed`` / ``torch.seed`` even when they did not reach us (a fresh process)."""
+    global _rng_seed, _rng_offset, _rng_seen_initial
+    initial = torch.initial_seed()
+    if _rng_seed is None or initial != _rng_seen_initial:
+        _rng_seed, _rng_offset, _rng_seen_initial = int(initial) & _MASK64, 0, initial
+
+
+def set_seed(seed: int) -> None:
+    """Restart the device RNG stream from ``seed`` (``torch.manual_seed`` calls this through the device module)."""
+    global _rng_seed, _rng_offset, _rng_seen_initial
+    with _rng_lock:
+        _rng_seed, _rng_offset, _rng_seen_initial = int(seed) & _MASK64, 0, torch.initial_seed()
 
 
 def get_seed() -> int | None:
-    """The last seed given to ``torch.manual_seed``, or ``None``."""
-    return _seed
+    """The seed of the device RNG stream, or ``None`` before any seed reached it."""
+    return _rng_seed
+
+
+def rng_state() -> tuple[int, int]:
+    """The device RNG state: ``(seed, offset)``, the key the next random draw uses."""
+    with _rng_lock:
+        _sync_seed_locked()
+        assert _rng_seed is not None
+        return _rng_seed, _rng_offset
+
+
+def set_rng_state(seed: int, offset: int) -> None:
+    """Make the next random draw use ``(seed, offset)`` again (``fork_rng`` and checkpointing restore states)."""
+    global _rng_seed, _rng_offset, _rng_seen_initial
+    with _rng_lock:
+        _rng_seed, _rng_offset, _rng_seen_initial = int(seed) & _MASK64, int(offset) & _MASK64, torch.initial_seed()
+
+
+def next_rng_key() -> tuple[int, int]:
+    """The key ``(seed, offset)`` of the next random draw, and advance the offset."""
+    global _rng_offset
+    with _rng_lock:
+        _sync_seed_locked()
+        assert _rng_seed is not None
+        key = (_rng_seed, _rng_offset)
+        _rng_offset = (_rng_offset + 1) & _MASK64
+        return key
+
+
+def _encode_rng_state(seed: int, offset: int) -> torch.Tensor:
+    """The state as torch hands RNG states around: a CPU uint8 tensor (16 bytes: seed, offset)."""
+    return torch.tensor([seed, offset], dtype=torch.uint64).view(torch.uint8)
+
+
+def _decode_rng_state(state: Any) -> tuple[int, int]:
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
+        raise ValueError("a pjrt RNG state is the 16-byte uint8 tensor torch.pjrt.get_rng_state() returns, got "
+                         f"{state!r:.80}")
+    seed, offset = state.detach().cpu().contiguous().view(torch.uint64).tolist()
+    return int(seed), int(offset)
 
 
 _MISSING = object()

@@ -570,33 +570,18 @@ def _load_persisted(key: str, graph: fx.Graph, options: LoweringOptions, vd: Any
 # execution
 # =====================================================================================
 
-_rng_lock = threading.Lock()
-_rng_seed: int | None = None
-_rng_counter = 0
-_rng_seen_initial: int | None = None
-
-
 def manual_seed(seed: int) -> None:
-    """Restart the device RNG stream from ``seed`` (``torch.manual_seed`` calls this through the device)."""
-    global _rng_seed, _rng_counter, _rng_seen_initial
-    with _rng_lock:
-        _rng_seed = int(seed) & ((1 << 64) - 1)
-        _rng_counter = 0
-        _rng_seen_initial = torch.initial_seed()
+    """Restart the device RNG stream from ``seed`` (the state lives with the device: ``_device.set_seed``)."""
+    from ._device import set_seed
+
+    set_seed(seed)
 
 
 def next_rng_key() -> np.ndarray:
-    """The next ``uint64[2]`` RNG key: (seed, counter). The seed follows ``torch.manual_seed``."""
-    global _rng_seed, _rng_counter, _rng_seen_initial
-    with _rng_lock:
-        initial = torch.initial_seed()
-        if _rng_seed is None or initial != _rng_seen_initial:
-            _rng_seed = int(initial) & ((1 << 64) - 1)
-            _rng_counter = 0
-            _rng_seen_initial = initial
-        key = np.array([_rng_seed, _rng_counter], dtype=np.uint64)
-        _rng_counter += 1
-    return key
+    """The next ``uint64[2]`` RNG key ``(seed, offset)`` of the device RNG stream (``_device.next_rng_key``)."""
+    from ._device import next_rng_key as device_key
+
+    return np.array(device_key(), dtype=np.uint64)
 
 
 def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], vd: Any = None) -> list[list[Any]]:
