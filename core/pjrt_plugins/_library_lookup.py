@@ -7,14 +7,21 @@ distribution that ships the library, and never opens the library.
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import PluginConfigurationError
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:  # pragma: no cover
+    import logging
+
+
+def _logger() -> logging.Logger:
+    import logging  # on the first log record: `import pjrt_plugins` does not pay for logging
+
+    return logging.getLogger(__name__)
 
 
 def installed_library(distributions: Iterable[tuple[str, str]]) -> Path | None:
@@ -32,7 +39,7 @@ def installed_library(distributions: Iterable[tuple[str, str]]) -> Path | None:
         path = Path(str(dist.locate_file(relative))).absolute()
         if path.is_file():
             return path
-        logger.warning("%s is installed but %s is missing from it", distribution, relative)
+        _logger().warning("%s is installed but %s is missing from it", distribution, relative)
     return None
 
 

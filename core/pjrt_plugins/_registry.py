@@ -6,7 +6,6 @@ library or imports torch. Names are canonicalized once, by :func:`canonical_name
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -18,11 +17,17 @@ from ._plugin import DevicePlugin
 from .errors import PluginConfigurationError, PluginLoadError, PluginNotFoundError, PluginUnavailableError, PluginWarning
 
 if TYPE_CHECKING:  # pragma: no cover
+    import logging
     from importlib.metadata import Distribution
 
     from .runtime import Client
 
-logger = logging.getLogger(__name__)
+
+def _logger() -> logging.Logger:
+    import logging  # on the first log record: `import pjrt_plugins` does not pay for logging
+
+    return logging.getLogger(__name__)
+
 
 #: Environment variable naming the default plugin (as in PyTorch/XLA), any case.
 PJRT_DEVICE_VAR = "PJRT_DEVICE"
@@ -322,7 +327,7 @@ def _load_deferred(record: PluginRecord) -> DevicePlugin:
         raise
     record.plugin, record.loader, record.ready = plugin, None, None
     _bind(plugin, record)
-    logger.debug("loaded deferred plugin %r from %s", record.name, record.provider)
+    _logger().debug("loaded deferred plugin %r from %s", record.name, record.provider)
     return plugin
 
 
@@ -379,7 +384,7 @@ def _selection_candidates() -> list[tuple[int, str, DevicePlugin]]:
         try:
             priority = plugin.priority()
         except Exception as exc:  # a broken hook makes that plugin lose, not the selection fail
-            logger.warning("plugin %r: priority() raised %s: %s", name, type(exc).__name__, exc)
+            _logger().warning("plugin %r: priority() raised %s: %s", name, type(exc).__name__, exc)
             continue
         ranked.append((priority, name, plugin))
     ranked.sort(key=lambda item: (-item[0], item[1]))
