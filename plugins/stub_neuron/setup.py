@@ -1,8 +1,12 @@
-"""Build the stub's PJRT C API library (libpjrt_stub_neuron.so) with the system C compiler.
+"""Build the stub's PJRT C API library (libpjrt_stub_neuron.so) with the system C compiler, or ship a prebuilt one.
 
-The official ``pjrt_c_api.h`` is never copied into this repository: the build
-takes it from ``PJRT_C_API_HEADER`` (a vendor's own XLA checkout) or from the
-installed ``xla-cpu-pjrt`` wheel, a build requirement. Metadata is in pyproject.toml.
+With ``csrc/`` present the library is compiled from it. The official ``pjrt_c_api.h``
+is never copied into this repository: the build takes it from ``PJRT_C_API_HEADER``
+(a vendor's own XLA checkout) or from the installed ``xla-cpu-pjrt`` wheel, a build
+requirement. Without ``csrc/`` the wheel ships a prebuilt library: the file named
+by ``STUB_NEURON_PREBUILT_LIBRARY``, else the one already in the package folder.
+Either way the wheel is a platform wheel (``py3-none-<platform>``), never
+``py3-none-any``: it holds native code. Metadata is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -10,11 +14,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Distribution, Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 try:  # setuptools >= 70.1 ships bdist_wheel itself (pyproject.toml asks for >= 77)
     from setuptools.command.bdist_wheel import bdist_wheel
@@ -22,7 +28,11 @@ except ImportError:  # pragma: no cover - older setuptools with the wheel packag
     from wheel.bdist_wheel import bdist_wheel
 
 LIBRARY = "pjrt_plugin_stub_neuron.libpjrt_stub_neuron"  # -> pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so
+LIBRARY_FILE = Path(*LIBRARY.split(".")).with_suffix(".so")
 SOURCES = ["csrc/api.c", "csrc/client.c", "csrc/buffer.c"]
+HERE = Path(__file__).resolve().parent
+#: Without csrc/: the prebuilt library to ship (else LIBRARY_FILE must already be in the package).
+PREBUILT_ENV = "STUB_NEURON_PREBUILT_LIBRARY"
 HEADER_ENV = "PJRT_C_API_HEADER"
 OLDEST_TESTED_MINOR = 81
 #: The one symbol a PJRT plugin exports; everything else stays local, whatever the sources declare.
@@ -104,6 +114,38 @@ class BuildPjrtLibrary(build_ext):
         return script
 
 
+def prebuilt_library() -> Path:
+    """The library a build without csrc/ ships: $STUB_NEURON_PREBUILT_LIBRARY, else the package's own file."""
+    override = os.environ.get(PREBUILT_ENV, "").strip()
+    path = Path(override).expanduser() if override else HERE / LIBRARY_FILE
+    if not path.is_file():
+        raise SystemExit(
+            f"no csrc/ to compile and no prebuilt PJRT library at {path}: copy your library to {LIBRARY_FILE} "
+            f"or set {PREBUILT_ENV}=/path/to/your/libpjrt.so"
+        )
+    return path.resolve()
+
+
+class BuildPyWithPrebuilt(build_py):
+    """Without csrc/: put the prebuilt library into the package, where the hooks look for it."""
+
+    def run(self) -> None:
+        super().run()
+        if (HERE / "csrc").is_dir() or getattr(self, "editable_mode", False):
+            return
+        source, target = prebuilt_library(), Path(self.build_lib) / LIBRARY_FILE
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        print(f"stub_neuron: shipping the prebuilt library {source}")
+
+
+class NativeDistribution(Distribution):
+    """The wheel always holds native code (compiled or prebuilt), so it is never a pure-Python wheel."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
 class PlatformWheel(bdist_wheel):
     """The library does not link against Python: tag the wheel py3-none-<platform>."""
 
@@ -115,16 +157,18 @@ class PlatformWheel(bdist_wheel):
 if not sys.platform.startswith("linux"):
     raise SystemExit("pjrt-plugin-stub-neuron builds on Linux only (the PJRT plugin is an ELF shared library)")
 
+extensions = [
+    Extension(
+        LIBRARY,
+        sources=SOURCES,
+        depends=["csrc/stub_neuron.h"],
+        # -g0 after Python's own CFLAGS (which carry -g): a release library without debug info.
+        extra_compile_args=["-std=c11", "-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        extra_link_args=["-pthread", "-Wl,--strip-debug"],
+    )
+]
 setup(
-    ext_modules=[
-        Extension(
-            LIBRARY,
-            sources=SOURCES,
-            depends=["csrc/stub_neuron.h"],
-            # -g0 after Python's own CFLAGS (which carry -g): a release library without debug info.
-            extra_compile_args=["-std=c11", "-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            extra_link_args=["-pthread", "-Wl,--strip-debug"],
-        )
-    ],
-    cmdclass={"build_ext": BuildPjrtLibrary, "bdist_wheel": PlatformWheel},
+    distclass=NativeDistribution,
+    ext_modules=extensions if (HERE / "csrc").is_dir() else [],
+    cmdclass={"build_ext": BuildPjrtLibrary, "build_py": BuildPyWithPrebuilt, "bdist_wheel": PlatformWheel},
 )

@@ -127,3 +127,37 @@ def test_a_built_core_wheel_carries_the_template_and_new_plugin_uses_it(tmp_path
     assert where.stdout.strip() == str((tmp_path / "core" / template).resolve()), where
     assert json.loads(result.stdout)["names"]["class_name"] == "AcmePlugin"
     assert (tmp_path / "acme" / "csrc" / "acme.h").is_file()
+
+
+def _pure_wheel_plugin(tmp_path: Path, library: Path) -> Path:
+    """acme_pure as a vendor used to ship a prebuilt library: csrc/ and setup.py deleted, the .so as package data."""
+    root, _ = write_plugin("acme_pure", tmp_path / "src")
+    shutil.rmtree(root / "csrc")
+    (root / "setup.py").unlink()
+    shutil.copyfile(library, root / "pjrt_plugin_acme_pure" / "libpjrt_acme_pure.so")
+    pyproject = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(pyproject + '\n[tool.setuptools.package-data]\npjrt_plugin_acme_pure = ["*.so"]\n')
+    built = subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "dist"), str(root)],
+                           capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    return wheel
+
+
+def test_conform_warns_when_the_library_sits_in_a_pure_python_wheel(run_cli, tmp_path, stub_library):
+    wheel = _pure_wheel_plugin(tmp_path, stub_library)
+    _install(wheel, tmp_path / "site")
+    run = run_cli("conform", "acme_pure", env={"PYTHONPATH": str(tmp_path / "site")})
+    assert run.returncode == 0, run  # a packaging problem, not a C API defect
+    assert "warning: the PJRT library libpjrt_acme_pure.so ships inside pjrt-plugin-acme-pure's pure-Python wheel" in run.stdout, run
+    assert "py3-none-any" in run.stdout
+
+
+def test_no_packaging_warning_for_platform_wheels_or_libraries_from_elsewhere(cpu_library_path, stub_library):
+    from pjrt_plugins.conform._packaging import pure_wheel_warning
+
+    assert pure_wheel_warning("xla-cpu-pjrt", cpu_library_path) is None  # a manylinux wheel
+    assert pure_wheel_warning("pjrt-plugin-cpu", cpu_library_path) is None  # the library is another wheel's
+    assert pure_wheel_warning("pjrt-plugin-stub-neuron", stub_library) is None  # an editable checkout
+    assert pure_wheel_warning("no-such-distribution", stub_library) is None

@@ -22,6 +22,7 @@ from typing import Any
 
 from .._child_process import child_environment, describe_exit, output_tail, parse_event, python_command
 from ._child import EVENT_MARK
+from ._packaging import pure_wheel_warning
 from ._report import CheckResult, Report, Status
 from ._target import Target
 
@@ -112,8 +113,12 @@ def run_conformance(
     if progress is not None:
         progress(exit_result)
     ordered = [results[check_id] for check_id, _ in plan if check_id in results] + [exit_result]
+    described = _describe_target(target, facts)
+    packaging = pure_wheel_warning(described.get("distribution"), described.get("library_path"))
+    if packaging:
+        notes.append(packaging)
     return Report(
-        target=_describe_target(target, facts),
+        target=described,
         checks=ordered,
         options=dict(target.options),
         pjrt_plugins_version=__version__,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._packaging import WARNING_PREFIX
 from ._report import CheckResult, Report, ReportDiff, Status, diff_reports, load_report
 from ._runner import DEFAULT_TIMEOUT_S
 
@@ -122,6 +123,7 @@ def _describe(report: Report) -> str:
     lines = [f"{who} ({', '.join(bits)})" if bits else str(who), f"{len(report.checks)} checks: {summary} => {verdict}"]
     if target.get("unavailable_reason"):
         lines.append(f"the plugin reports it cannot run on this host: {target['unavailable_reason']}")
+    lines += [note for note in report.notes if note.startswith(WARNING_PREFIX)]
     return "\n".join(lines)
 
 

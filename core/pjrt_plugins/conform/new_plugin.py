@@ -212,9 +212,12 @@ $ pjrt-plugins conform {names.entry_point}             # the conformance harness
 
 ## Make it yours
 
-1. Replace `csrc/*.c` with your PJRT implementation, or delete `csrc/` and `setup.py` and
-   make `pjrt_library_path()` in `_plugin.py` return the path of the library you ship
-   elsewhere (honour `{names.upper}_LIBRARY_PATH` as `_library.py` does).
+1. Replace `csrc/*.c` with your PJRT implementation. To ship a library built elsewhere inside
+   the wheel, delete `csrc/` and keep `setup.py`: it packs `{names.package}/{names.library}`
+   (or the file `{names.upper}_PREBUILT_LIBRARY` names) into a `py3-none-<platform>` wheel.
+   If the library is not in your wheel at all, delete `csrc/` and `setup.py` and make
+   `pjrt_library_path()` in `_plugin.py` return its path (honour `{names.upper}_LIBRARY_PATH`
+   as `_library.py` does). Before publishing, `auditwheel repair` the wheel.
 2. Declare every create option your `PJRT_Client_Create` reads in `OPTION_SCHEMA`
    (`_plugin.py`), with its type.
 3. Make `pjrt_physical_chip_count()` count your devices cheaply (sysfs, PCI ids), and make

@@ -130,3 +130,23 @@ def test_sdist_ships_the_c_sources_but_not_the_header(source_copy, tmp_path):
         names = {Path(*Path(n).parts[1:]).as_posix() for n in archive.getnames()}
     assert {"csrc/api.c", "csrc/client.c", "csrc/buffer.c", "csrc/stub_neuron.h", "setup.py", "README.md"} <= names
     assert not any(name.endswith("pjrt_c_api.h") for name in names)
+
+
+def test_without_csrc_a_prebuilt_library_ships_in_a_platform_wheel(source_copy, tmp_path, stub_library):
+    """The vendor who ships a library built elsewhere: no compiler runs, and the wheel is still py3-none-<platform>."""
+    shutil.rmtree(source_copy / "csrc")
+    done = _pip_wheel(source_copy, tmp_path / "wheels", {"STUB_NEURON_PREBUILT_LIBRARY": str(stub_library)})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
+    assert wheel.name.startswith("pjrt_plugin_stub_neuron-0.1.0-py3-none-linux_"), wheel.name
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so") == stub_library.read_bytes()
+        assert "Root-Is-Purelib: false" in archive.read("pjrt_plugin_stub_neuron-0.1.0.dist-info/WHEEL").decode()
+
+
+def test_without_csrc_or_a_prebuilt_library_the_build_says_what_to_do(source_copy, tmp_path):
+    shutil.rmtree(source_copy / "csrc")
+    done = _pip_wheel(source_copy, tmp_path / "wheels")
+    assert done.returncode != 0
+    assert "no csrc/ to compile and no prebuilt PJRT library" in done.stdout + done.stderr
+    assert "STUB_NEURON_PREBUILT_LIBRARY" in done.stdout + done.stderr
