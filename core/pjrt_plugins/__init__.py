@@ -1,8 +1,10 @@
 """pjrt-plugins: find PJRT device plugins, run programs on them, shard torch tensors over them.
 
 Importing this package registers every installed backend (entry-point group
-``torch_xla.plugins``) without opening any library or importing torch, numpy or cffi;
-set ``PJRT_PLUGINS_AUTOLOAD=0`` to skip that and call :func:`discover_plugins` yourself.
+``torch_xla.plugins``, and JAX's plugin packages) from metadata alone: no plugin module
+is imported until that plugin is asked for, no library is opened, and torch, numpy and
+cffi are not imported. Set ``PJRT_PLUGINS_AUTOLOAD=0`` to skip that and call
+:func:`discover_plugins` yourself.
 """
 
 from __future__ import annotations

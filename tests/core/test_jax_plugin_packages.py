@@ -65,12 +65,14 @@ def test_jax_plugin_wheels_are_listed_with_their_library_and_a_reason(run_instal
 
 
 def test_doctor_and_devices_work_on_a_jax_plugin_package(run_installed, jax_wheel_site):
+    # qnn, whose library is not there: opening libtt.so (140 MB) for the API version costs ~40 s here.
     env = {"PYTHONPATH": str(jax_wheel_site)}
-    doctor = run_installed([*CLI, "doctor", "libtt", "--json", "--timeout", "120"], env, timeout=300)
+    doctor = run_installed([*CLI, "doctor", "qnn", "--json"], env)
     report = json.loads(doctor.stdout)["plugins"][0]
     checks = {c["check"]: c for c in report["checks"]}
-    assert report["status"] == "unavailable", doctor
-    assert checks["library"]["ok"] and checks["api version"]["ok"] and checks["api version"]["detail"].startswith("0.")
+    assert report["status"] == "unavailable" and report["provider"] == "jax-qnn 0.1.0", doctor
+    assert checks["loaded"]["ok"] and checks["loaded"]["detail"] == "JaxPackagePlugin"
+    assert checks["available"]["ok"] is False and "pjrt_qnn.dll" in checks["available"]["detail"]
     devices = run_installed([*CLI, "devices", "qnn", "--json"], env)
     assert devices.returncode == 1 and json.loads(devices.stdout)["error"]["type"] == "PluginUnavailableError"
 

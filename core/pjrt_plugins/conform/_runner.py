@@ -10,17 +10,10 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
-import queue
-import signal
-import subprocess
-import tempfile
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from .._child_process import child_environment, describe_exit, output_tail, parse_event, python_command
+from .._child_process import EventChild, describe_exit, output_tail
 from ._child import EVENT_MARK
 from ._packaging import pure_wheel_warning
 from ._report import CheckResult, Report, Status
@@ -164,82 +157,39 @@ class _ChildRun:
     def __init__(self, target: Target, pending: list[str], statuses: dict[str, str], timeout: float) -> None:
         self.timeout = timeout
         self.interrupted: str | None = None  # the check in flight when the process died or was killed
-        self.timed_out = False
         self.done = False
         self.returncode: int | None = None
-        self._stderr = tempfile.TemporaryFile(mode="w+b")
         plan = {"target": target.to_json(), "pending": pending, "statuses": statuses}
-        self._process = subprocess.Popen(
-            python_command("pjrt_plugins.conform._child"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=child_environment(),
-            start_new_session=True,  # so a hung plugin's threads and children can be killed as a group
-        )
-        self._lines: queue.Queue[bytes | None] = queue.Queue()
-        threading.Thread(target=self._read, name="conform-events", daemon=True).start()
-        assert self._process.stdin is not None
-        try:
-            self._process.stdin.write(json.dumps(plan).encode())
-            self._process.stdin.close()
-        except OSError:  # the child died at once; events() reports it
-            pass
+        self._child = EventChild("pjrt_plugins.conform._child", mark=EVENT_MARK, stdin=json.dumps(plan).encode())
 
-    def _read(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
+    @property
+    def timed_out(self) -> bool:
+        return self._child.timed_out
 
     def events(self):
+        child = self._child
         current: str | None = None
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S + self.timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.timed_out = True
-                self.interrupted = current
-                self._kill()
-                break
-            if line is None:
-                break
-            text = line.decode("utf-8", "replace")
-            event = parse_event(text, EVENT_MARK)
-            if event is None:
-                continue
+        for event in child.events(STARTUP_TIMEOUT_S + self.timeout):
             kind = event.get("event")
             if kind == "start":
                 current = event.get("id")
                 # A little grace, so a check that enforces the same limit itself reports first.
-                deadline = time.monotonic() + self.timeout + CHECK_GRACE_S
+                child.limit = self.timeout + CHECK_GRACE_S
             elif kind == "result":
                 current = None
-                deadline = time.monotonic() + self.timeout
+                child.limit = self.timeout
                 yield event
             elif kind == "done":
                 self.done = True
-                deadline = time.monotonic() + self.timeout
+                child.limit = self.timeout
             else:
                 yield event
-        try:
-            self.returncode = self._process.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            self.returncode = self._process.wait()
-        if not self.timed_out and self.returncode != 0 and current is not None:
+        self.returncode = child.wait(timeout=self.timeout)
+        if current is not None and (child.timed_out or self.returncode != 0):
             self.interrupted = current
 
-    def _kill(self) -> None:
-        try:
-            os.killpg(self._process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            self._process.kill()
-
     def stderr_text(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace")
+        return self._child.stderr_text()
 
     def failure_reason(self) -> str:
         if self.timed_out:
