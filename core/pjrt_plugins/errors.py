@@ -111,6 +111,10 @@ class UnsupportedOpError(LoweringError, NotImplementedError):
         )
 
 
+class DataDependentShapeError(UnsupportedOpError):
+    """An operator whose output shape depends on tensor values (``nonzero``, boolean masks) with the CPU fallback off."""
+
+
 class CpuFallbackWarning(UserWarning):
     """An operator without a lowering ran on the CPU because the fallback was enabled."""
 

@@ -35,13 +35,14 @@ def ensure_cpu8() -> Any:
 
 @pytest.fixture
 def engine() -> Any:
-    """The 8-device CPU virtual device with the execution state reset (metrics, pending graph, fallback)."""
+    """The 8-device CPU virtual device with the execution state reset (metrics, pending graph), strict: an op
+    without a lowering raises instead of going through the CPU fallback (which is on again afterwards)."""
     vd = ensure_cpu8()
     _lazy.sync()
     _lazy.set_cpu_fallback(False)
     _executor.reset_metrics()
     yield vd
-    _lazy.set_cpu_fallback(False)
+    _lazy.set_cpu_fallback(True)
 
 
 def spec(*partition: Any, mesh_shape: Sequence[int] = MESH_SHAPE) -> ShardingSpec:

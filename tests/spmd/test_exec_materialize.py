@@ -119,3 +119,16 @@ def test_dtype_conversions_and_mixed_types(engine):
     assert_close("int + float", (t.long() + 0.5).cpu(), x.long() + 0.5)
     assert t.half().dtype == torch.float16
     assert torch.equal(t, t)
+
+
+def test_a_write_through_a_view_after_materializing_still_reaches_the_base(engine):
+    x = torch.arange(6.0).reshape(2, 3)
+    y = x.to("pjrt") * 1
+    row, col = y[1], y[:, 2]
+    xs.sync()  # the views' values are on the devices now
+    row.add_(10)
+    col.copy_(torch.tensor([-1.0, -2.0]))
+    expected = x * 1
+    expected[1] += 10
+    expected[:, 2] = torch.tensor([-1.0, -2.0])
+    assert_close("base after writes through views", y.cpu(), expected)

@@ -76,9 +76,12 @@ def test_factories_refuse_other_devices_and_layouts(cpu8):
         torch.eye(3, device="pjrt:2")
 
 
-def test_out_overloads_still_refuse_clearly(cpu8):
-    with pytest.raises(UnsupportedOpError, match="out="):
-        torch.arange(5, out=torch.empty(5, device="pjrt"))
+def test_out_overloads_fill_their_out_tensor_and_refuse_resizing(cpu8):
+    out = torch.empty(5, device="pjrt")
+    torch.arange(5, out=out)
+    assert torch.equal(out.cpu(), torch.arange(5.0))
+    with pytest.raises(RuntimeError, match="cannot be resized"):
+        torch.arange(5, out=torch.empty(3, device="pjrt"))
 
 
 def test_random_factories_draw_on_the_devices_without_uploading_garbage(cpu8):

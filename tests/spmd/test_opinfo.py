@@ -66,10 +66,6 @@ KNOWN_FAILURES = {
     ("nn.functional.layer_norm", "backward"): "one gradient element differs from the CPU by 1.2e-4",
     ("matmul", "forward"): "issue 12 item 5: vec @ mat fails in aten.squeeze_.dim",
     ("matmul", "backward"): "issue 12 item 5: vec @ mat fails in aten.squeeze_.dim",
-    ("index_put", "forward"): "issue 12 item 6: index_put with a boolean mask does not go through the CPU fallback",
-    ("index_put", "backward"): "issue 12 item 6: index_put with a boolean mask does not go through the CPU fallback",
-    ("nn.functional.dropout", "forward"): "issue 12 item 7: torch.random.fork_rng needs torch.pjrt.get_rng_state",
-    ("bernoulli", "forward"): "issue 12 item 7: torch.random.fork_rng needs torch.pjrt.get_rng_state",
 }
 #: Cases whose passes need the CPU fallback today: a lowering is missing (issue 12 item 5).
 NEEDS_FALLBACK = {
@@ -78,8 +74,9 @@ NEEDS_FALLBACK = {
     "nn.functional.pad.replicate": "its backward (prims.copy_to)",
     "nn.functional.interpolate.bilinear": "its backward (prims.copy_to)",
 }
-#: Cases that go through the CPU fallback by design: their output shape depends on the data.
-FALLBACK_BY_DESIGN = {"nonzero", "masked_select", "unique"}
+#: Cases that go through the CPU fallback by design: their output shape depends on the data (index_put: its
+#: boolean-mask sample).
+FALLBACK_BY_DESIGN = {"nonzero", "masked_select", "unique", "index_put"}
 
 
 def _marked(phase: str) -> list[Any]:

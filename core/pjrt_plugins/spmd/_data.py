@@ -83,6 +83,9 @@ class TensorData:
     - ``generation``: the virtual device generation the buffers belong to.
     - ``id``: a process-unique integer (stable across state changes).
     - ``version``: bumped on every state change.
+    - ``view_of``: for a view of another tensor, ``(weakref to the base's TensorData, view op, its
+      arguments)``, kept for the tensor's life (a write into the view after the values were
+      materialized still reaches the base); ``None`` otherwise.
     - ``uninitialized``: True for HOST data made by ``empty`` whose contents nobody wrote yet
       (an engine may skip uploading it before an op that overwrites it); any state change clears it.
     """
@@ -102,6 +105,7 @@ class TensorData:
         "state",
         "uninitialized",
         "version",
+        "view_of",
     )
 
     def __init__(self, shape: Sequence[int], dtype: torch.dtype) -> None:
@@ -118,6 +122,7 @@ class TensorData:
         self.id = _next_id()
         self.version = 0
         self.uninitialized = False
+        self.view_of: tuple[Any, Any, tuple] | None = None
 
     # -- constructors --------------------------------------------------------------------
 
@@ -182,8 +187,14 @@ class TensorData:
         self.version += 1
 
     def set_lazy(self, value: Any) -> None:
-        """Become the pending graph value ``value``; drops host data and device buffers."""
+        """Become the pending graph value ``value``; drops host data and device buffers.
+
+        A value that views another tensor (``value.base``) makes this data a view of it for good.
+        """
         self.lazy = value
+        base = getattr(value, "base", None)
+        if base is not None:
+            self.view_of = (base, value.view_op, value.view_args)
         self.host = None
         self.buffers = None
         self.sharding = None

@@ -13,7 +13,6 @@ import logging
 import operator
 import re
 import threading
-import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,8 +22,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..errors import CpuFallbackWarning, UnsupportedOpError, VirtualDeviceError
-from . import _executor, _transfer
+from ..errors import DataDependentShapeError, UnsupportedOpError, VirtualDeviceError
+from . import _executor, _fallback, _transfer
 from ._data import TensorData, TensorState
 from ._device import TORCH_DEVICE, virtual_device
 from ._lowering import (
@@ -105,7 +104,6 @@ class _Trace:
 
 _lock = threading.RLock()
 _trace: _Trace | None = None
-_fallback_enabled = False
 
 
 def _current_trace() -> _Trace:
@@ -122,28 +120,28 @@ def pending_ops() -> int:
 
 
 def set_cpu_fallback(enabled: bool) -> None:
-    """Run ops that have no lowering on the CPU (with a warning each time, counted in metrics).
+    """Run ops that have no lowering on the CPU (on by default), or refuse them (``False``: strict).
 
-    Off by default: an op with no lowering raises
-    :class:`~pjrt_plugins.errors.UnsupportedOpError` naming it. With the fallback on, such an
-    op gathers its inputs to the CPU, runs there, and its results come back as deferred
-    data; each use warns with :class:`~pjrt_plugins.errors.CpuFallbackWarning` and is
-    counted in ``metrics().fallbacks`` / ``fallback_ops``. Slow: use it to find out which
-    operators a model still needs, not for training.
+    With the fallback on, such an op (and any op whose output shape depends on the data:
+    ``nonzero``, ``masked_select``, boolean indexing, ``unique``) gathers its inputs to the
+    CPU, runs there, and its results come back as deferred data; each op warns once with
+    :class:`~pjrt_plugins.errors.CpuFallbackWarning` and every use is counted in
+    ``metrics().fallbacks`` / ``fallback_ops``. Off, such an op raises
+    :class:`~pjrt_plugins.errors.UnsupportedOpError` naming it. ``PJRT_CPU_FALLBACK=0`` starts
+    a process strict. The fallback is slow (every use gathers and uploads): use the metrics to
+    find what a model still needs.
 
     Example::
 
-        xs.set_cpu_fallback(True)
-        idx = x.nonzero()           # data-dependent shape, no lowering: runs on the CPU, warns
+        idx = x.nonzero()           # data-dependent shape: runs on the CPU, warns once
         xs.metrics().fallback_ops   # {'aten.nonzero.default': 1}
-        xs.set_cpu_fallback(False)
+        xs.set_cpu_fallback(False)  # strict: x.nonzero() now raises UnsupportedOpError
     """
-    global _fallback_enabled
-    _fallback_enabled = bool(enabled)
+    _fallback.set_enabled(enabled)
 
 
 def cpu_fallback_enabled() -> bool:
-    return _fallback_enabled
+    return _fallback.enabled()
 
 
 def manual_seed(seed: int) -> None:
@@ -272,15 +270,23 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``func(*args, **kwargs)`` on pjrt tensors; returns pjrt tensors holding pending values."""
     kwargs = kwargs or {}
     refuse_generator(func, kwargs)
-    if "out" in kwargs and isinstance(func, torch._ops.OpOverload):
-        raise UnsupportedOpError(op_name(func), f"{op_name(func)} writes into an out= tensor, which the pjrt device does "
-                                 "not support (its size cannot change); use the functional form, or create the "
-                                 "tensor on the CPU and move it with .to('pjrt')")
     with _lock:
+        if kwargs and _fallback.is_out_variant(func):
+            functional = _fallback.functional_of_out(func)
+            if functional is not None:
+                return _fallback.run_out_variant(func, args, kwargs, functional)
+            return _fallback.refuse_or_run(func, args, kwargs)
         if is_inplace(func):
             return _dispatch_inplace(func, args, kwargs)
+        if _fallback.data_dependent(func, args):
+            return _fallback.refuse_or_run(func, args, kwargs, DataDependentShapeError(
+                op_name(func), f"{op_name(func)} with a boolean mask has a data-dependent result and the CPU "
+                "fallback is off; use torch.where / masked_fill, or turn the fallback on"))
         if has_lowering(func):
-            return _record(func, args, kwargs)
+            try:
+                return _record(func, args, kwargs)
+            except DataDependentShapeError as exc:
+                return _fallback.refuse_or_run(func, args, kwargs, exc)
         if func is aten.equal.default:
             return bool(torch.all(torch.eq(args[0], args[1])).item()) if args[0].shape == args[1].shape else False
         decomp = decomposition_for(func)
@@ -290,9 +296,7 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         result = func.decompose(*args, **kwargs) if isinstance(func, torch._ops.OpOverload) else NotImplemented
         if result is not NotImplemented:
             return result
-        if _fallback_enabled:
-            return _cpu_fallback(func, args, kwargs)
-        raise UnsupportedOpError(op_name(func))
+        return _fallback.refuse_or_run(func, args, kwargs)
 
 
 class _Unkeyable(Exception):
@@ -381,9 +385,10 @@ def _output_meta(func: Any, args: tuple, kwargs: dict) -> Any:
         meta_out = func(*pytree.tree_map(_to_meta, args), **_meta_kwargs(kwargs))
     except NotImplementedError as exc:
         # Meta kernels refuse ops whose output shape depends on the data (nonzero, boolean masks).
-        raise UnsupportedOpError(op_name(func), f"{op_name(func)} cannot run on the pjrt device: its output shape "
-                                 f"is not known before running it ({exc}). Use a fixed-shape form (torch.where, "
-                                 "masked_fill) or compute it on the CPU.") from exc
+        raise DataDependentShapeError(op_name(func), f"{op_name(func)} cannot run on the pjrt device: its output "
+                                      f"shape is not known before running it ({exc}), and the CPU fallback is off. "
+                                      "Use a fixed-shape form (torch.where, masked_fill) or compute it on the "
+                                      "CPU.") from exc
     spec = _out_spec(meta_out)
     if not _only_tensors(spec):
         return meta_out  # the caller refuses it with a clear error
@@ -497,13 +502,14 @@ def _dispatch_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
                                  "move the result with .cpu() instead")
     functional = functional_variant(func)
     if functional is None:
-        if _fallback_enabled:
-            return _cpu_fallback(func, args, kwargs)
-        raise UnsupportedOpError(op_name(func), f"in-place operator {op_name(func)} has no functional form the "
-                                 "pjrt device can run")
+        return _fallback.refuse_or_run(func, args, kwargs, UnsupportedOpError(
+            op_name(func), f"in-place operator {op_name(func)} has no functional form the pjrt device can run, and "
+            "the CPU fallback is off"))
     result = dispatch(functional, (), args, kwargs)
     if not isinstance(result, tmod.XLAShardedTensor):
         raise UnsupportedOpError(op_name(func), f"internal: {op_name(functional)} did not give one tensor")
+    if result._pjrt_data.state is not TensorState.LAZY:  # computed by the CPU fallback: a graph value of it
+        result = _record(aten.clone.default, (result,), {})
     data = target._pjrt_data
     new = result._pjrt_data
     if tuple(new.shape) != data.shape:
@@ -525,11 +531,11 @@ def _assign(data: TensorData, value: LazyValue) -> None:
         new_value.keep_sharding = old.keep_sharding
     elif data.state is TensorState.DEVICE:
         new_value.keep_sharding = data.sharding
-    if old is not None and old.base is not None:
-        new_value.base, new_value.view_op, new_value.view_args = old.base, old.view_op, old.view_args
-        base = old.base()
+    if data.view_of is not None:  # a view (also one whose value was materialized since): write into its base
+        new_value.base, new_value.view_op, new_value.view_args = data.view_of
+        base = data.view_of[0]()
         if base is not None:
-            _write_back(base, old.view_op, old.view_args, value.node)
+            _write_back(base, new_value.view_op, new_value.view_args, value.node)
     data.set_lazy(new_value)
     trace.values.append(weakref.ref(data))
 
@@ -561,32 +567,6 @@ def _write_back(base: TensorData, view_op: Any, view_args: tuple, new_view: fx.N
         raise UnsupportedOpError(op_name(view_op), f"writing in place into the result of {op_name(view_op)} (a view) "
                                  "is not supported on the pjrt device; clone it first")
     _assign(base, updated._pjrt_data.lazy)
-
-
-def _cpu_fallback(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``func`` on CPU copies and move the results back (only when enabled; warns and counts)."""
-    tmod = _tensor_module()
-    name = op_name(func)
-    warnings.warn(f"{name} has no lowering for the pjrt device; running it on the CPU (set_cpu_fallback is on)",
-                  CpuFallbackWarning, stacklevel=4)
-    _executor.count_fallback(name)
-
-    def to_cpu(v: Any) -> Any:
-        return tmod.to_cpu(v) if isinstance(v, tmod.XLAShardedTensor) else v
-
-    cpu_args = pytree.tree_map(to_cpu, args)
-    cpu_kwargs = pytree.tree_map(to_cpu, kwargs)
-    if "device" in cpu_kwargs and cpu_kwargs["device"] is not None:
-        cpu_kwargs["device"] = torch.device("cpu")
-    out = func(*cpu_args, **cpu_kwargs)
-    if is_inplace(func) and isinstance(args[0], tmod.XLAShardedTensor):
-        args[0]._pjrt_data.set_host(cpu_args[0], copy=False)
-        return args[0]
-
-    def to_pjrt(v: Any) -> Any:
-        return tmod.wrap(TensorData.from_host(v, copy=False)) if isinstance(v, torch.Tensor) else v
-
-    return pytree.tree_map(to_pjrt, out)
 
 
 def on_mark_sharding(data: TensorData) -> None:

@@ -372,8 +372,8 @@ def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(dst, XLAShardedTensor):
         if isinstance(src, XLAShardedTensor) and src._pjrt_data.state is not TensorState.HOST:
             return NotImplemented
-        if dst._pjrt_data.state is TensorState.LAZY:
-            return NotImplemented  # (issue 6) a pending dst may be a view: the engine writes through to its base
+        if dst._pjrt_data.state is TensorState.LAZY or dst._pjrt_data.view_of is not None:
+            return NotImplemented  # a view: the engine writes through to its base
         return copy_into(dst, src)
     dst.copy_(to_cpu(src))
     return dst
