@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - older setuptools with the wheel packag
 
 LIBRARY = "pjrt_plugin_stub_neuron.libpjrt_stub_neuron"  # -> pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so
 LIBRARY_FILE = Path(*LIBRARY.split(".")).with_suffix(".so")
-SOURCES = ["csrc/api.c", "csrc/client.c", "csrc/buffer.c"]
+SOURCES = ["csrc/api.c", "csrc/client.c", "csrc/buffer.c", "csrc/topology.c"]
 HERE = Path(__file__).resolve().parent
 #: Without csrc/: the prebuilt library to ship (else LIBRARY_FILE must already be in the package).
 PREBUILT_ENV = "STUB_NEURON_PREBUILT_LIBRARY"

@@ -1,7 +1,10 @@
 /* The PJRT_Api table, errors, events and plugin setup of the stub_neuron plugin.
  *
- * GetPjrtApi is the library's only PJRT export. Slots the stub does not
- * implement stay NULL, so a loader must gate every call on them.
+ * GetPjrtApi is the library's only PJRT export. Every slot that XLA's C++
+ * client (PjRtCApiClient, used by JAX and torch_xla) calls without a NULL
+ * check while creating a client, listing devices and moving buffers is
+ * filled; slots for features the stub lacks stay NULL, so a loader must gate
+ * every call on them.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,6 +267,14 @@ static const PJRT_Api stub_api = {
     .PJRT_Client_AddressableMemories = StubClient_AddressableMemories,
     .PJRT_Client_Compile = StubClient_Compile,
     .PJRT_Client_BufferFromHostBuffer = StubClient_BufferFromHostBuffer,
+    .PJRT_Client_TopologyDescription = StubClient_TopologyDescription,
+
+    .PJRT_TopologyDescription_Destroy = StubTopologyDescription_Destroy,
+    .PJRT_TopologyDescription_PlatformName = StubTopologyDescription_PlatformName,
+    .PJRT_TopologyDescription_PlatformVersion = StubTopologyDescription_PlatformVersion,
+    .PJRT_TopologyDescription_GetDeviceDescriptions = StubTopologyDescription_GetDeviceDescriptions,
+    .PJRT_TopologyDescription_Serialize = StubTopologyDescription_Serialize,
+    .PJRT_TopologyDescription_Attributes = StubTopologyDescription_Attributes,
 
     .PJRT_DeviceDescription_Id = StubDeviceDescription_Id,
     .PJRT_DeviceDescription_ProcessIndex = StubDeviceDescription_ProcessIndex,
@@ -294,8 +305,13 @@ static const PJRT_Api stub_api = {
     .PJRT_Buffer_IsDeleted = StubBuffer_IsDeleted,
     .PJRT_Buffer_ToHostBuffer = StubBuffer_ToHostBuffer,
     .PJRT_Buffer_ReadyEvent = StubBuffer_ReadyEvent,
-    /* Everything else (executables, topology, copies between devices, async
-     * transfers, ...) is deliberately NULL. */
+    .PJRT_Buffer_UnpaddedDimensions = StubBuffer_UnpaddedDimensions,
+    .PJRT_Buffer_DynamicDimensionIndices = StubBuffer_DynamicDimensionIndices,
+    .PJRT_Buffer_GetMemoryLayout = StubBuffer_GetMemoryLayout,
+    .PJRT_Buffer_IsOnCpu = StubBuffer_IsOnCpu,
+    /* Everything else (executables, copies between devices, async transfers,
+     * ...) is deliberately NULL: XLA's C++ client only calls those slots for
+     * features the stub does not have (compile, execute, copies). */
 };
 
 STUB_EXPORT const PJRT_Api* GetPjrtApi(void) { return &stub_api; }

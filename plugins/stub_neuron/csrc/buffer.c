@@ -60,16 +60,18 @@ static PJRT_Error* check_dense_layout(const PJRT_Buffer_MemoryLayout* layout, si
     return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: unexpected PJRT_Buffer_MemoryLayout size %zu", function,
                       layout->struct_size);
   }
+  /* The tiled and strides structs are embedded in the layout, whose size was
+   * checked above; their own struct_size is not read: XLA's C++ client leaves
+   * it 0 in the host_layout it passes to PJRT_Buffer_ToHostBuffer. */
   bool dense = false;
   if (layout->type == PJRT_Buffer_MemoryLayout_Type_Tiled) {
     const PJRT_Buffer_MemoryLayout_Tiled* tiled = &layout->tiled;
-    dense = tiled->struct_size >= PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE && tiled->num_tiles == 0 &&
+    dense = tiled->num_tiles == 0 &&
             tiled->minor_to_major_size == num_dims && (num_dims == 0 || tiled->minor_to_major != NULL);
     for (size_t i = 0; dense && i < num_dims; ++i) dense = tiled->minor_to_major[i] == (int64_t)(num_dims - 1 - i);
   } else if (layout->type == PJRT_Buffer_MemoryLayout_Type_Strides) {
     const PJRT_Buffer_MemoryLayout_Strides* strides = &layout->strides;
-    dense = strides->struct_size >= PJRT_Buffer_MemoryLayout_Strides_STRUCT_SIZE &&
-            strides->num_byte_strides == num_dims && (num_dims == 0 || strides->byte_strides != NULL);
+    dense = strides->num_byte_strides == num_dims && (num_dims == 0 || strides->byte_strides != NULL);
     int64_t expected = (int64_t)esize;
     for (size_t i = num_dims; dense && i-- > 0;) {
       dense = dims[i] <= 1 || strides->byte_strides[i] == expected;
@@ -225,13 +227,16 @@ PJRT_Error* StubClient_BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Arg
   buffer->element_size = esize;
   buffer->num_bytes = num_bytes;
   buffer->device = device;
-  buffer->dims = malloc((args->num_dims > 0 ? args->num_dims : 1) * sizeof(int64_t));
+  /* dims, then the default layout's minor_to_major, in one allocation. */
+  buffer->dims = malloc((args->num_dims > 0 ? 2 * args->num_dims : 1) * sizeof(int64_t));
   buffer->data = malloc(num_bytes > 0 ? num_bytes : 1);
   if (buffer->dims == NULL || buffer->data == NULL) {
     buffer_free(buffer);
     return stub_error(PJRT_Error_Code_RESOURCE_EXHAUSTED, "stub_neuron: out of memory for %zu bytes", num_bytes);
   }
   if (args->num_dims > 0) memcpy(buffer->dims, args->dims, args->num_dims * sizeof(int64_t));
+  buffer->minor_to_major = buffer->dims + args->num_dims;
+  for (size_t i = 0; i < args->num_dims; ++i) buffer->minor_to_major[i] = (int64_t)(args->num_dims - 1 - i);
 
   if (args->num_byte_strides == 0) {
     if (num_bytes > 0) memcpy(buffer->data, args->data, num_bytes);
@@ -355,5 +360,42 @@ PJRT_Error* StubBuffer_ReadyEvent(PJRT_Buffer_ReadyEvent_Args* args) {
   pthread_mutex_unlock(&args->buffer->mu);
   args->event = stub_event_ready(deleted ? deleted_error("PJRT_Buffer_ReadyEvent") : NULL);
   if (args->event == NULL) return stub_error(PJRT_Error_Code_RESOURCE_EXHAUSTED, "stub_neuron: out of memory");
+  return NULL;
+}
+
+/* Buffers are never padded and have no dynamic dimensions: the unpadded dims are the dims. */
+PJRT_Error* StubBuffer_UnpaddedDimensions(PJRT_Buffer_UnpaddedDimensions_Args* args) {
+  STUB_CHECK_BUFFER(args, buffer, PJRT_Buffer_UnpaddedDimensions);
+  args->unpadded_dims = args->buffer->dims;
+  args->num_dims = args->buffer->num_dims;
+  return NULL;
+}
+
+PJRT_Error* StubBuffer_DynamicDimensionIndices(PJRT_Buffer_DynamicDimensionIndices_Args* args) {
+  STUB_CHECK_BUFFER(args, buffer, PJRT_Buffer_DynamicDimensionIndices);
+  args->dynamic_dim_indices = NULL;
+  args->num_dynamic_dims = 0;
+  return NULL;
+}
+
+/* Always the default layout: dense, major-to-minor, no tiles. */
+PJRT_Error* StubBuffer_GetMemoryLayout(PJRT_Buffer_GetMemoryLayout_Args* args) {
+  STUB_CHECK_BUFFER(args, buffer, PJRT_Buffer_GetMemoryLayout);
+  memset(&args->layout, 0, sizeof(args->layout));
+  args->layout.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE;
+  args->layout.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+  args->layout.tiled.struct_size = PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE;
+  args->layout.tiled.minor_to_major = args->buffer->minor_to_major;
+  args->layout.tiled.minor_to_major_size = args->buffer->num_dims;
+  args->layout.tiled.num_tiles = 0;
+  return NULL;
+}
+
+/* The stub's "device memory" is host memory, but it is not the caller's to
+ * alias: answering false makes frameworks copy with PJRT_Buffer_ToHostBuffer
+ * instead of asking for raw pointers and external reference counts. */
+PJRT_Error* StubBuffer_IsOnCpu(PJRT_Buffer_IsOnCpu_Args* args) {
+  STUB_CHECK_BUFFER(args, buffer, PJRT_Buffer_IsOnCpu);
+  args->is_on_cpu = false;
   return NULL;
 }

@@ -230,6 +230,7 @@ static PJRT_Error* exchange_devices(const PJRT_Client_Create_Args* args, const S
 static void client_free(PJRT_Client* client) {
   if (client == NULL) return;
   client->magic = STUB_MAGIC_DEAD;
+  stub_topology_free(&client->topology);
   free(client->devices);
   free(client->device_ptrs);
   free(client->addressable_ptrs);
@@ -319,6 +320,11 @@ static PJRT_Error* build_client(const StubOptions* options, const int64_t* count
       client->addressable_ptrs[next_local] = device;
       ++next_local;
     }
+  }
+  PJRT_Error* error = stub_topology_init(client);
+  if (error != NULL) {
+    client_free(client);
+    return error;
   }
   *out = client;
   return NULL;

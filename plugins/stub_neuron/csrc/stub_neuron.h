@@ -53,6 +53,7 @@ enum {
   STUB_MAGIC_DESCRIPTION = 0x53445343, /* "SDSC" */
   STUB_MAGIC_MEMORY = 0x534d454d,      /* "SMEM" */
   STUB_MAGIC_BUFFER = 0x53425546,      /* "SBUF" */
+  STUB_MAGIC_TOPOLOGY = 0x53544f50,    /* "STOP" */
   STUB_MAGIC_DEAD = 0x44454144,        /* "DEAD": written just before free */
 };
 
@@ -99,6 +100,18 @@ struct PJRT_Memory {
   char to_string[64];
 };
 
+#define STUB_NUM_TOPOLOGY_ATTRIBUTES 2
+
+/* The client's topology: every device of every node. Owned by the client
+ * (XLA's C++ client asks for it in its constructor). */
+struct PJRT_TopologyDescription {
+  uint32_t magic;
+  PJRT_Client* client;
+  PJRT_DeviceDescription** descriptions; /* one per global device, in id order */
+  PJRT_NamedValue attributes[STUB_NUM_TOPOLOGY_ATTRIBUTES];
+  char serialized[128]; /* what PJRT_TopologyDescription_Serialize hands out */
+};
+
 struct PJRT_Client {
   uint32_t magic;
   atomic_long refs;      /* 1 for the caller until Client_Destroy, +1 per live buffer */
@@ -113,6 +126,7 @@ struct PJRT_Client {
   PJRT_Memory* memories; /* one per addressable device */
   PJRT_Memory** memory_ptrs;
   char platform_version[128];
+  PJRT_TopologyDescription topology;
 };
 
 struct PJRT_Buffer {
@@ -122,6 +136,7 @@ struct PJRT_Buffer {
   PJRT_Buffer_Type type;
   size_t num_dims;
   int64_t* dims; /* never NULL, even for scalars */
+  int64_t* minor_to_major; /* the default layout: num_dims-1, ..., 0 (same allocation as dims) */
   size_t element_size;
   size_t num_bytes;
   pthread_mutex_t mu; /* guards data and deleted */
@@ -195,6 +210,17 @@ PJRT_Error* StubClient_LookupDevice(PJRT_Client_LookupDevice_Args* args);
 PJRT_Error* StubClient_LookupAddressableDevice(PJRT_Client_LookupAddressableDevice_Args* args);
 PJRT_Error* StubClient_AddressableMemories(PJRT_Client_AddressableMemories_Args* args);
 PJRT_Error* StubClient_Compile(PJRT_Client_Compile_Args* args);
+PJRT_Error* StubClient_TopologyDescription(PJRT_Client_TopologyDescription_Args* args);
+
+/* Fills client->topology once the client's devices exist. */
+PJRT_Error* stub_topology_init(PJRT_Client* client);
+void stub_topology_free(PJRT_TopologyDescription* topology);
+PJRT_Error* StubTopologyDescription_Destroy(PJRT_TopologyDescription_Destroy_Args* args);
+PJRT_Error* StubTopologyDescription_PlatformName(PJRT_TopologyDescription_PlatformName_Args* args);
+PJRT_Error* StubTopologyDescription_PlatformVersion(PJRT_TopologyDescription_PlatformVersion_Args* args);
+PJRT_Error* StubTopologyDescription_GetDeviceDescriptions(PJRT_TopologyDescription_GetDeviceDescriptions_Args* args);
+PJRT_Error* StubTopologyDescription_Serialize(PJRT_TopologyDescription_Serialize_Args* args);
+PJRT_Error* StubTopologyDescription_Attributes(PJRT_TopologyDescription_Attributes_Args* args);
 
 PJRT_Error* StubDeviceDescription_Id(PJRT_DeviceDescription_Id_Args* args);
 PJRT_Error* StubDeviceDescription_ProcessIndex(PJRT_DeviceDescription_ProcessIndex_Args* args);
@@ -226,5 +252,9 @@ PJRT_Error* StubBuffer_Delete(PJRT_Buffer_Delete_Args* args);
 PJRT_Error* StubBuffer_IsDeleted(PJRT_Buffer_IsDeleted_Args* args);
 PJRT_Error* StubBuffer_ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args);
 PJRT_Error* StubBuffer_ReadyEvent(PJRT_Buffer_ReadyEvent_Args* args);
+PJRT_Error* StubBuffer_UnpaddedDimensions(PJRT_Buffer_UnpaddedDimensions_Args* args);
+PJRT_Error* StubBuffer_DynamicDimensionIndices(PJRT_Buffer_DynamicDimensionIndices_Args* args);
+PJRT_Error* StubBuffer_GetMemoryLayout(PJRT_Buffer_GetMemoryLayout_Args* args);
+PJRT_Error* StubBuffer_IsOnCpu(PJRT_Buffer_IsOnCpu_Args* args);
 
 #endif /* PJRT_STUB_NEURON_H_ */

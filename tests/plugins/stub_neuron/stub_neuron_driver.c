@@ -205,6 +205,15 @@ static void check_api_table(void) {
   CHECK(api->PJRT_Buffer_CopyToDevice == NULL, "Buffer_CopyToDevice is NULL");
   CHECK(api->PJRT_Compile == NULL, "PJRT_Compile is NULL");
   CHECK(api->PJRT_Client_Compile != NULL, "Client_Compile is set (it reports UNIMPLEMENTED)");
+  /* XLA's C++ client (JAX, torch_xla) calls these without a NULL check. */
+  CHECK(api->PJRT_Client_TopologyDescription != NULL, "Client_TopologyDescription is set");
+  CHECK(api->PJRT_TopologyDescription_PlatformName != NULL, "TopologyDescription_PlatformName is set");
+  CHECK(api->PJRT_TopologyDescription_PlatformVersion != NULL, "TopologyDescription_PlatformVersion is set");
+  CHECK(api->PJRT_TopologyDescription_Attributes != NULL, "TopologyDescription_Attributes is set");
+  CHECK(api->PJRT_TopologyDescription_Serialize != NULL, "TopologyDescription_Serialize is set");
+  CHECK(api->PJRT_Buffer_UnpaddedDimensions != NULL, "Buffer_UnpaddedDimensions is set");
+  CHECK(api->PJRT_Buffer_DynamicDimensionIndices != NULL, "Buffer_DynamicDimensionIndices is set");
+  CHECK(api->PJRT_Buffer_IsOnCpu != NULL, "Buffer_IsOnCpu is set");
   printf("ok   api table %d.%d, %zu bytes\n", api->pjrt_api_version.major_version,
          api->pjrt_api_version.minor_version, api->struct_size);
 }
@@ -398,6 +407,58 @@ static void check_client_and_devices(void) {
   printf("ok   client with 6 devices\n");
 }
 
+/* The client's topology (XLA's C++ client reads it when it creates a client). */
+static void check_topology(void) {
+  PJRT_NamedValue options[1] = {int_option("num_devices", 3)};
+  PJRT_Client* client = NULL;
+  if (!ok(create_client(options, 1, &client), "Client_Create num_devices=3")) return;
+  PJRT_Client_TopologyDescription_Args get = {.struct_size = PJRT_Client_TopologyDescription_Args_STRUCT_SIZE,
+                                              .client = client};
+  if (ok(api->PJRT_Client_TopologyDescription(&get), "Client_TopologyDescription") && get.topology != NULL) {
+    PJRT_TopologyDescription* topology = get.topology;
+    PJRT_TopologyDescription_PlatformName_Args name = {
+        .struct_size = PJRT_TopologyDescription_PlatformName_Args_STRUCT_SIZE, .topology = topology};
+    ok(api->PJRT_TopologyDescription_PlatformName(&name), "TopologyDescription_PlatformName");
+    CHECK(name.platform_name_size == 6 && memcmp(name.platform_name, "neuron", 6) == 0, "topology platform");
+    PJRT_TopologyDescription_PlatformVersion_Args version = {
+        .struct_size = PJRT_TopologyDescription_PlatformVersion_Args_STRUCT_SIZE, .topology = topology};
+    ok(api->PJRT_TopologyDescription_PlatformVersion(&version), "TopologyDescription_PlatformVersion");
+    CHECK(version.platform_version_size > 0, "topology platform version");
+    PJRT_TopologyDescription_GetDeviceDescriptions_Args descriptions = {
+        .struct_size = PJRT_TopologyDescription_GetDeviceDescriptions_Args_STRUCT_SIZE, .topology = topology};
+    ok(api->PJRT_TopologyDescription_GetDeviceDescriptions(&descriptions), "GetDeviceDescriptions");
+    CHECK(descriptions.num_descriptions == 3, "3 device descriptions, got %zu", descriptions.num_descriptions);
+    for (size_t i = 0; i < descriptions.num_descriptions; ++i) {
+      PJRT_DeviceDescription_Id_Args id = {.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE,
+                                           .device_description = descriptions.descriptions[i]};
+      ok(api->PJRT_DeviceDescription_Id(&id), "topology description Id");
+      CHECK(id.id == (int)i, "topology description %zu has id %d", i, id.id);
+    }
+    PJRT_TopologyDescription_Attributes_Args attributes = {
+        .struct_size = PJRT_TopologyDescription_Attributes_Args_STRUCT_SIZE, .topology = topology};
+    ok(api->PJRT_TopologyDescription_Attributes(&attributes), "TopologyDescription_Attributes");
+    CHECK(attributes.num_attributes == 2 && attributes.attributes[1].int64_value == 3, "topology attributes");
+    PJRT_TopologyDescription_Serialize_Args serialized = {
+        .struct_size = PJRT_TopologyDescription_Serialize_Args_STRUCT_SIZE, .topology = topology};
+    if (ok(api->PJRT_TopologyDescription_Serialize(&serialized), "TopologyDescription_Serialize")) {
+      CHECK(serialized.serialized_bytes_size > 0 && serialized.serialized_topology_deleter != NULL,
+            "serialized topology");
+      serialized.serialized_topology_deleter(serialized.serialized_topology);
+    }
+    PJRT_TopologyDescription_Destroy_Args destroy = {.struct_size = PJRT_TopologyDescription_Destroy_Args_STRUCT_SIZE,
+                                                     .topology = topology};
+    expect_error(api->PJRT_TopologyDescription_Destroy(&destroy), PJRT_Error_Code_INVALID_ARGUMENT, "belongs to its client",
+                 "TopologyDescription_Destroy of the client's topology");
+  }
+  PJRT_TopologyDescription_PlatformName_Args bad = {
+      .struct_size = PJRT_TopologyDescription_PlatformName_Args_STRUCT_SIZE, .topology = NULL};
+  expect_error(api->PJRT_TopologyDescription_PlatformName(&bad), PJRT_Error_Code_INVALID_ARGUMENT, "is NULL",
+               "TopologyDescription_PlatformName(NULL topology)");
+
+  destroy_client(client);
+  printf("ok   topology\n");
+}
+
 static void check_events(void) {
   PJRT_Event_OnReady_Args none = {.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE, .event = NULL};
   expect_error(api->PJRT_Event_OnReady(&none), PJRT_Error_Code_INVALID_ARGUMENT, "event is NULL", "OnReady(NULL event)");
@@ -461,6 +522,26 @@ static void check_buffers(void) {
       PJRT_Buffer_Device_Args dev = {.struct_size = PJRT_Buffer_Device_Args_STRUCT_SIZE, .buffer = buffer};
       ok(api->PJRT_Buffer_Device(&dev), "Buffer_Device");
       CHECK(dev.device == devices[t % n], "%s device", types[t].name);
+      if (t == 0) { /* the metadata XLA's C++ client asks for */
+        PJRT_Buffer_UnpaddedDimensions_Args unpadded = {
+            .struct_size = PJRT_Buffer_UnpaddedDimensions_Args_STRUCT_SIZE, .buffer = buffer};
+        ok(api->PJRT_Buffer_UnpaddedDimensions(&unpadded), "UnpaddedDimensions");
+        CHECK(unpadded.num_dims == 3 && unpadded.unpadded_dims[2] == 5, "unpadded dims are the dims");
+        PJRT_Buffer_DynamicDimensionIndices_Args dynamic = {
+            .struct_size = PJRT_Buffer_DynamicDimensionIndices_Args_STRUCT_SIZE, .buffer = buffer};
+        ok(api->PJRT_Buffer_DynamicDimensionIndices(&dynamic), "DynamicDimensionIndices");
+        CHECK(dynamic.num_dynamic_dims == 0, "no dynamic dimensions");
+        PJRT_Buffer_GetMemoryLayout_Args layout = {.struct_size = PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE,
+                                                   .buffer = buffer};
+        ok(api->PJRT_Buffer_GetMemoryLayout(&layout), "GetMemoryLayout");
+        CHECK(layout.layout.type == PJRT_Buffer_MemoryLayout_Type_Tiled && layout.layout.tiled.minor_to_major_size == 3 &&
+                  layout.layout.tiled.minor_to_major[0] == 2 && layout.layout.tiled.minor_to_major[2] == 0 &&
+                  layout.layout.tiled.num_tiles == 0,
+              "default layout is major-to-minor");
+        PJRT_Buffer_IsOnCpu_Args on_cpu = {.struct_size = PJRT_Buffer_IsOnCpu_Args_STRUCT_SIZE, .buffer = buffer};
+        ok(api->PJRT_Buffer_IsOnCpu(&on_cpu), "IsOnCpu");
+        CHECK(!on_cpu.is_on_cpu, "stub buffers are not the caller's host memory");
+      }
       PJRT_Buffer_ToHostBuffer_Args query = {.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE, .src = buffer};
       ok(api->PJRT_Buffer_ToHostBuffer(&query), "ToHostBuffer size query");
       CHECK(query.dst_size == bytes && query.event == NULL, "%s size query", types[t].name);
@@ -891,6 +972,7 @@ int main(int argc, char** argv) {
   check_null_and_short_args();
   check_options();
   check_client_and_devices();
+  check_topology();
   check_events();
   check_buffers();
   check_multi_node();

@@ -15,7 +15,7 @@ import pytest
 from stub_neuron_testkit import HERE, STUB_SOURCE, sanitizer_available
 
 DRIVER = HERE / "stub_neuron_driver.c"
-C_SOURCES = [STUB_SOURCE / "csrc" / name for name in ("api.c", "client.c", "buffer.c")]
+C_SOURCES = sorted((STUB_SOURCE / "csrc").glob("*.c"))
 
 
 def _build(gcc: str, header: Path, out: Path, *flags: str, with_sources: bool) -> Path:
