@@ -88,6 +88,7 @@ def all_checks() -> list[Check]:
     """Every check, in the order they run."""
     from . import _checks_python  # noqa: F401  (registration happens at import, in this order)
     from . import _checks_capi  # noqa: F401
+    from . import _checks_frameworks  # noqa: F401
 
     return list(_CHECKS.values())
 

@@ -34,34 +34,55 @@ def create_client_for_plugin(
     ``options`` are laid over ``plugin.client_create_options()`` and the result is
     checked against ``plugin.option_schema()`` before ``PJRT_Client_Create``.
     """
-    name = plugin.name or type(plugin).__name__
-    if configure:
-        world = plugin.local_world_size()
-        if world > 1:
-            rank = plugin.local_process_rank()
-            logger.debug("configuring plugin %s for local rank %d of %d", name, rank, world)
-            plugin.configure_multiprocess(rank, world)
-        else:
-            plugin.configure_single_process()
-    plugin.preflight()
+    name = plugin_label(plugin)
+    prepare_process(plugin, configure=configure)
     library = load_library(plugin.library_path())
     library.initialize(timeout=plugin.initialize_timeout())
-    merged = dict(plugin.client_create_options())
-    if options:
-        merged.update(options)
     if kv_store is None and plugin.requires_coordinator() and plugin.local_world_size() > 1:
         logger.warning(
             "plugin %s needs a key-value store shared by its processes but none was given; "
             "use pjrt_plugins.distributed to create the client",
             name,
         )
-    schema = plugin.option_schema()
-    validate_options(merged, schema, plugin=f"plugin {name!r}")  # types first: the values hook reads typed values
-    plugin.hook.pjrt_check_client_options(options=dict(merged))
+    merged, schema = checked_create_options(plugin, options)
     try:
         return Client(library, merged, schema=schema, kv_store=kv_store, plugin_name=name)
     except PjrtError as error:
         raise _with_plugin_hint(error, plugin) from None
+
+
+def plugin_label(plugin: DevicePlugin) -> str:
+    return plugin.name or type(plugin).__name__
+
+
+def prepare_process(plugin: DevicePlugin, *, configure: bool = True) -> None:
+    """Configure this process for the plugin (its local rank, or single process), then run its preflight."""
+    if configure:
+        world = plugin.local_world_size()
+        if world > 1:
+            rank = plugin.local_process_rank()
+            logger.debug("configuring plugin %s for local rank %d of %d", plugin_label(plugin), rank, world)
+            plugin.configure_multiprocess(rank, world)
+        else:
+            plugin.configure_single_process()
+    plugin.preflight()
+
+
+def checked_create_options(
+    plugin: DevicePlugin, options: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(options, schema)``: ``options`` over the plugin's own, typed and checked by its schema and hook.
+
+    Also what other consumers of the library (JAX, see :mod:`pjrt_plugins.jax_plugin`)
+    pass to ``PJRT_Client_Create``, so a plugin's options are validated the same way there.
+    """
+    merged = dict(plugin.client_create_options())
+    if options:
+        merged.update(options)
+    schema = plugin.option_schema()
+    validate_options(merged, schema, plugin=f"plugin {plugin_label(plugin)!r}")  # types first: the hook reads typed values
+    plugin.hook.pjrt_check_client_options(options=dict(merged))
+    return merged, schema
 
 
 def _with_plugin_hint(error: PjrtError, plugin: DevicePlugin) -> PjrtError:
