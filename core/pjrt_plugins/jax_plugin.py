@@ -31,10 +31,13 @@ def register_with_jax(name: str) -> bool:
     """Register plugin ``name`` with JAX (call it from the plugin's JAX ``initialize()``).
 
     Returns whether it registered. It does not when JAX already has a platform
-    of that name, or when the plugin says it cannot run here (its
-    ``unavailable_reason``): JAX then never learns of it, and nothing is printed
-    unless the user asked for that platform with ``JAX_PLATFORMS``. Raises
-    ``ValueError`` for a name JAX owns (``cpu``, ``cuda``, ``tpu``, ...).
+    of that name, when the plugin says it cannot run here (its
+    ``unavailable_reason``), or when its priority is negative (a plugin never
+    chosen by default, such as the stub) and ``JAX_PLATFORMS`` does not name it:
+    JAX would otherwise create its client, and warn, on every ``jax.devices()``.
+    Nothing is printed unless the user asked for the platform with
+    ``JAX_PLATFORMS``. Raises ``ValueError`` for a name JAX owns (``cpu``,
+    ``cuda``, ``tpu``, ...).
     """
     from jax._src import xla_bridge  # JAX is importing us: it is already loaded
 
@@ -49,9 +52,13 @@ def register_with_jax(name: str) -> bool:
         logger.debug("JAX already has a platform %r; not registering plugin %r again", name, name)
         return False
     plugin = pjrt_plugins.get_plugin(name)
+    requested = _requested(name)
+    if plugin.priority() < 0 and not requested:
+        logger.debug("plugin %r has a negative priority: registered with JAX only when JAX_PLATFORMS names it", name)
+        return False
     reason = plugin.unavailable_reason()
     if reason is not None:
-        log = logger.warning if _requested(name) else logger.debug
+        log = logger.warning if requested else logger.debug
         log("plugin %r is not registered with JAX: %s", name, reason)
         return False
     xla_bridge.register_plugin(

@@ -7,6 +7,7 @@
  *   FAKE_CORRUPT_READS        PJRT_Buffer_ToHostBuffer flips the first byte it copies
  *   FAKE_OLD_VERSION          reports PJRT C API 0.40 (older than any client supports)
  *   FAKE_SMALL_TABLE          claims its version but reports a truncated PJRT_Api
+ *   FAKE_NULL_SLOT=name       leaves that function NULL (our runtime gates it; XLA's C++ client may not)
  *   (none)                    forwards everything: a healthy library outside any plugin
  */
 #include <dlfcn.h>
@@ -79,6 +80,9 @@ __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi(void) {
 #endif
 #ifdef FAKE_SMALL_TABLE
     fake_api.struct_size = offsetof(PJRT_Api, PJRT_Client_Compile);
+#endif
+#ifdef FAKE_NULL_SLOT
+    fake_api.FAKE_NULL_SLOT = NULL;
 #endif
   }
   return &fake_api;

@@ -90,3 +90,27 @@ def test_an_unknown_plugin_name_lists_the_installed_ones(run_cli):
     run = run_cli("conform", "no_such_device")
     assert run.returncode == 1, run
     assert "no_such_device" in run.stderr and "stub_neuron" in run.stderr
+
+
+def test_a_run_mostly_skipped_here_is_inconclusive_with_its_first_cause_not_conforms():
+    from pjrt_plugins.conform.cli import _describe
+
+    checks = [
+        CheckResult("abi.load", "", Status.PASS),
+        CheckResult("client.create", "", Status.SKIP, "the plugin reports it cannot run here: no chips"),
+        CheckResult("buffers.f32", "", Status.SKIP, "needs client.create (SKIP)"),
+        CheckResult("execute.single", "", Status.SKIP, "needs client.create (SKIP)"),
+    ]
+    report = Report(target={"plugin": "x"}, checks=checks)
+    assert report.ok and report.verdict == "inconclusive"
+    assert report.inconclusive_reason() == (
+        "3 of 4 checks could not run here: client.create: the plugin reports it cannot run here: no chips"
+    )
+    assert report.to_json()["verdict"] == "inconclusive"
+    text = _describe(report)
+    assert "=> inconclusive here" in text and "conforms" not in text and "no chips" in text
+    # as many checks ran as were skipped: the run vouches for what it did
+    ran = Report(target={"plugin": "x"}, checks=checks[:2] + [CheckResult("b", "", Status.UNSUPPORTED)])
+    assert ran.verdict == "conforms" and "=> conforms" in _describe(ran)
+    failed = Report(target={"plugin": "x"}, checks=checks + [CheckResult("c", "", Status.FAIL, "boom")])
+    assert failed.verdict == "defects" and failed.inconclusive_reason() is None

@@ -66,6 +66,9 @@ def test_the_generated_package_is_renamed_throughout(tmp_path):
     pyproject = (root / "pyproject.toml").read_text()
     assert 'name = "pjrt-plugin-acme"' in pyproject and 'acme = "pjrt_plugin_acme:AcmePlugin"' in pyproject
     assert '"pjrt_plugin_acme.libpjrt_acme"' in (root / "setup.py").read_text()
+    # visible to JAX too: its own jax_plugins entry point, registering under the new name
+    assert '[project.entry-points.jax_plugins]\nacme = "pjrt_plugin_acme.jax_plugin"' in pyproject
+    assert 'register_with_jax("acme")' in (root / "pjrt_plugin_acme" / "jax_plugin.py").read_text()
 
 
 def _install(source: Path, target: Path) -> None:
@@ -92,6 +95,15 @@ def test_a_generated_plugin_builds_installs_and_passes_conform(run_cli, tmp_path
     assert report["client.platform"][0] == "PASS" and "acme_npu" in report["client.platform"][1]
     assert report["compile.program"][0] == "UNSUPPORTED"
     assert report["_raw"]["target"]["distribution"] == "pjrt-plugin-acme-npu"
+    # the real frameworks load it: XLA's C++ client and JAX (through the library) ...
+    assert report["frameworks.xla_client"][0] == "PASS" and report["frameworks.jax"][0] == "PASS"
+    # ... and JAX finds it through its jax_plugins entry point
+    jax_run = subprocess.run(
+        [sys.executable, "-c", "import jax, numpy as np; d = jax.devices(); print(d, np.asarray(jax.device_put(np.ones(3), d[1])))"],
+        capture_output=True, text=True, env=clean_env({**env, "JAX_PLATFORMS": "acme_npu"}), timeout=180,
+    )
+    assert jax_run.returncode == 0, jax_run.stderr[-3000:]
+    assert jax_run.stdout.split("\n")[0].startswith("[AcmeNpuDevice(id=0), AcmeNpuDevice(id=1)")
 
 
 def test_a_built_core_wheel_carries_the_template_and_new_plugin_uses_it(tmp_path):

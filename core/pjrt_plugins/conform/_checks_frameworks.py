@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from .._child_process import child_environment, describe_exit, output_tail
+from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
+from . import _checks_capi  # noqa: F401
 from ._context import Context
 from ._framework import Fail, Skip, check
-
-#: Interpreter with torch_xla, for when it lives in another virtual environment than pjrt-plugins.
-TORCH_XLA_PYTHON_ENV = "PJRT_PLUGINS_TORCH_XLA_PYTHON"
+from ._framework_probe import PROBE_MARK, TORCH_XLA_PYTHON_ENV
 
 #: Slots XLA's C++ client calls without a NULL check, by the step that calls them. Traced
 #: through jaxlib 0.10.2 and torch_xla 2.9 (devices listed, an array moved there and back).
@@ -214,8 +214,6 @@ def _slot_step(step: str | None) -> str:
 
 
 def _events(stdout: str) -> list[dict[str, Any]]:
-    from ._framework_probe import PROBE_MARK
-
     events = []
     for line in stdout.splitlines():
         if line.startswith(PROBE_MARK):

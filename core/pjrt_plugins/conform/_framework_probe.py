@@ -21,6 +21,8 @@ from typing import Any
 
 #: Prefix of every event line on stdout (anything else is ignored by the parent).
 PROBE_MARK = "@@pjrt-plugins-probe@@ "
+#: Names the python of an environment with torch_xla, when it is not this one (conform, the tests).
+TORCH_XLA_PYTHON_ENV = "PJRT_PLUGINS_TORCH_XLA_PYTHON"
 #: The name the library is registered under in the framework (torch_xla upper-cases it).
 PROBE_NAME = "pjrtconform"
 

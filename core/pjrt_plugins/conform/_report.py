@@ -61,7 +61,8 @@ class Report:
 
     ``target`` describes what was checked (``argument``, ``plugin``, ``distribution``,
     ``version``, ``library_path``, ``api_version``, ``mode``); ``ok`` is false only when
-    some check FAILed.
+    some check FAILed. ``verdict`` is ``"defects"`` (a FAIL), ``"inconclusive"`` (no FAIL,
+    but most checks were skipped here, e.g. for lack of hardware) or ``"conforms"``.
     """
 
     target: dict[str, Any]
@@ -74,6 +75,24 @@ class Report:
     @property
     def ok(self) -> bool:
         return not any(c.status is Status.FAIL for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        if not self.ok:
+            return "defects"
+        return "inconclusive" if self.inconclusive_reason() is not None else "conforms"
+
+    def inconclusive_reason(self) -> str | None:
+        """Why a report without FAIL vouches for little: more checks were skipped than ran, and the first cause."""
+        if not self.ok:
+            return None
+        counts = self.counts()
+        if counts[Status.SKIP.value] <= counts[Status.PASS.value] + counts[Status.UNSUPPORTED.value]:
+            return None
+        # The root skips; the others only say "needs <the check that was skipped>".
+        roots = [c for c in self.checks if c.status is Status.SKIP and not c.reason.startswith("needs ")]
+        why = f": {roots[0].id}: {roots[0].reason}" if roots else ""
+        return f"{counts[Status.SKIP.value]} of {len(self.checks)} checks could not run here{why}"
 
     def counts(self) -> dict[str, int]:
         return {s.value: sum(c.status is s for c in self.checks) for s in Status}
@@ -92,6 +111,8 @@ class Report:
             "target": self.target,
             "options": self.options,
             "ok": self.ok,
+            "verdict": self.verdict,
+            "inconclusive_reason": self.inconclusive_reason(),
             "summary": self.counts(),
             "notes": list(self.notes),
             "checks": [c.to_json() for c in self.checks],

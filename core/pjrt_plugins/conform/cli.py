@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "not offer it) or SKIP (a prerequisite failed or is absent here). Risky checks run in a separate "
         "process with a time limit, so a plugin that aborts or hangs is reported, not fatal."
     )
-    parser.epilog = "Exit status: 0 no check FAILed, 1 a check FAILed (or --diff found a regression), 2 usage error."
+    parser.epilog = (
+        "Exit status: 0 no check FAILed, 1 a check FAILed (or --diff found a regression), 2 usage error. "
+        "A run without FAIL where more checks were skipped than ran (no hardware here) ends 'inconclusive here', "
+        "with exit status 0."
+    )
     parser.add_argument("target", nargs="?", metavar="PLUGIN|LIBRARY",
                         help="a registered plugin name (see `pjrt-plugins list`) or the path of a PJRT library (.so)")
     parser.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
@@ -119,9 +123,15 @@ def _describe(report: Report) -> str:
         bits.append(f"PJRT C API {target['api_version']}")
     counts = report.counts()
     summary = ", ".join(f"{counts[s.value]} {s.value}" for s in Status)
-    verdict = "conforms" if report.ok else f"{counts['FAIL']} defect{'s' if counts['FAIL'] != 1 else ''} found"
+    verdict = {
+        "defects": f"{counts['FAIL']} defect{'s' if counts['FAIL'] != 1 else ''} found",
+        "inconclusive": "inconclusive here",
+        "conforms": "conforms",
+    }[report.verdict]
     lines = [f"{who} ({', '.join(bits)})" if bits else str(who), f"{len(report.checks)} checks: {summary} => {verdict}"]
-    if target.get("unavailable_reason"):
+    if report.verdict == "inconclusive":
+        lines.append(f"no defect found, but {report.inconclusive_reason()}; run it where the plugin's devices are")
+    elif target.get("unavailable_reason"):
         lines.append(f"the plugin reports it cannot run on this host: {target['unavailable_reason']}")
     lines += [note for note in report.notes if note.startswith(WARNING_PREFIX)]
     return "\n".join(lines)

@@ -1,5 +1,7 @@
 """The GPU backend: finds the CUDA PJRT library of the jax-cuda PJRT wheels and maps torchrun's ranks to options.
 
+Those wheels are extras (``pjrt-plugin-gpu[cuda13]``), not dependencies: see pyproject.toml.
+
 Never imports ``jax_plugins.xla_cuda13`` (its ``__init__`` imports jax) and never
 opens the library: the path comes from installed-package metadata.
 """
@@ -94,7 +96,8 @@ def library_problem() -> str | None:
         return (
             "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
             "choose your CUDA major with an extra: `pip install 'pjrt-plugin-gpu[cuda13]'` (or [cuda12]; "
-            f"[cuda13-local] / [cuda12-local] with a system-wide CUDA), or set {LIBRARY_PATH_ENV}"
+            f"[cuda13-local] / [cuda12-local] with a system-wide CUDA), or set {LIBRARY_PATH_ENV}; with JAX in this "
+            "environment, `pip install 'jax[cuda13]'` instead (the same library, and JAX's half of CUDA support)"
         )
     return None
 
