@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._child_process import child_environment, describe_exit, output_tail
+from .._child_process import child_environment, describe_exit, output_tail, python_command
 from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
 from . import _checks_capi  # noqa: F401
 from ._context import Context
@@ -81,6 +81,7 @@ STEPS = {
     "download": "reading the array back",
 }
 _PROBE = Path(__file__).with_name("_framework_probe.py")
+_PROBE_MODULE = "pjrt_plugins.conform._framework_probe"
 
 
 def null_slots(ctx: Context, steps: tuple[str, ...] = tuple(XLA_CLIENT_SLOTS)) -> list[str]:
@@ -150,16 +151,18 @@ def torch_xla_python() -> str | None:
 def run_probe(ctx: Context, framework: str, python: str) -> dict[str, Any]:
     """Run ``_framework_probe.py framework`` on the plugin's library; its result, or a Fail naming what broke."""
     request = {"library_path": ctx.library_path, "options": probe_options(ctx)}
-    # Our own interpreter sees exactly our distributions; another one keeps its own sys.path.
-    env = child_environment()
-    if python != sys.executable:
-        env.pop("PYTHONPATH", None)
+    # Both start isolated (-I). Our own interpreter gets exactly our import path; another one
+    # (torch_xla's environment) keeps its own.
+    if python == sys.executable:
+        command, env = python_command(_PROBE_MODULE, framework), child_environment()
+    else:
+        command, env = [python, "-I", str(_PROBE), framework], dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
     env.pop("PJRT_DEVICE", None)
     label = {"xla_client": "XLA's C++ client", "jax": "JAX", "torch_xla": "torch_xla"}[framework]
     try:
         completed = subprocess.run(
-            [python, str(_PROBE), framework],
+            command,
             input=json.dumps(request),
             capture_output=True,
             text=True,

@@ -124,7 +124,7 @@ def test_torch_xla_registers_the_stub_counts_its_devices_and_round_trips_a_tenso
         )
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PJRT_DEVICE")}
     request = {"library_path": str(stub_library), "options": {"num_devices": 3}}
-    result = subprocess.run([python, str(PROBE), "torch_xla"], input=json.dumps(request), capture_output=True,
+    result = subprocess.run([python, "-I", str(PROBE), "torch_xla"], input=json.dumps(request), capture_output=True,
                             text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("@@")]
