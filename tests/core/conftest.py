@@ -21,25 +21,7 @@ import pluggy
 import pytest
 
 import pjrt_plugins
-
-CORE_DIR = Path(pjrt_plugins.__file__).resolve().parent.parent
-#: Variables that change discovery or selection; every child starts without them.
-SCRUBBED_ENV_VARS = (
-    "PJRT_DEVICE",
-    "PJRT_LIBRARY_PATH",
-    "PJRT_NAMES_AND_LIBRARY_PATHS",
-    "PJRT_PLUGINS_AUTOLOAD",
-    "PJRT_PLUGINS_PREFER",
-    "PYTHONPATH",
-    "PYTHONWARNINGS",
-    "XLA_DENSE_GATHER_FACTOR",
-    "XLA_RNG_BIT_GENERATOR",
-    "PJRT_LOCAL_PROCESS_RANK",
-    "PJRT_LOCAL_PROCESS_COUNT",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-)
-
+from core_support import CORE_DIR, SCRUBBED_ENV_VARS, child_env  # noqa: F401  (shared with the tests)
 
 class SiteDir:
     """A directory of test distributions, as pip would lay them out in site-packages."""
@@ -97,13 +79,6 @@ def deps_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("deps")
     (root / "pluggy").symlink_to(Path(pluggy.__file__).resolve().parent)
     return root
-
-
-def child_env(paths: Sequence[Path | str] = (), env: Mapping[str, str] | None = None) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV_VARS}
-    base["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
-    base.update(env or {})
-    return base
 
 
 @pytest.fixture

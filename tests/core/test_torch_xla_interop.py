@@ -216,7 +216,7 @@ def test_the_documented_torch_xla_variables_and_name_rule_hold_in_real_torch_xla
     import json
     import subprocess
 
-    from conftest import CORE_DIR, child_env
+    from core_support import CORE_DIR, child_env
 
     body = "@hookimpl\ndef pjrt_client_create_options(self):\n    return {'cpu_device_count': 2}\n"
     source = plugin_source("MyCpu", library=repr(cpu_library), body=body)

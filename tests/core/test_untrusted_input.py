@@ -20,7 +20,7 @@ SCRIPT = Path(sys.executable).with_name("pjrt-plugins")
 
 
 def run_script(args, *, cwd: Path, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
-    from conftest import child_env
+    from core_support import child_env
 
     return subprocess.run(
         [str(SCRIPT), *args], capture_output=True, text=True, cwd=cwd, env=child_env([], env), timeout=timeout
@@ -93,7 +93,7 @@ def test_a_plugin_printing_doctors_own_marker_does_not_kill_doctor(tmp_path, sit
     )
     site.add("marker-dist", modules={"marker_mod": plugin_source("Marker", library=repr(cpu_library), body=body)},
              plugins={"marker": "marker_mod:Marker"})
-    from conftest import child_env
+    from core_support import child_env
 
     result = subprocess.run(
         [str(SCRIPT), "doctor", "marker", "--json"], capture_output=True, text=True, cwd=tmp_path,
