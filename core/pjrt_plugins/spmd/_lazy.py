@@ -505,13 +505,16 @@ def _dispatch_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
         return _fallback.refuse_or_run(func, args, kwargs, UnsupportedOpError(
             op_name(func), f"in-place operator {op_name(func)} has no functional form the pjrt device can run, and "
             "the CPU fallback is off"))
-    result = dispatch(functional, (), args, kwargs)
+    result = dispatch(functional, (), *_with_defaults(func, functional, args, kwargs))
     if not isinstance(result, tmod.XLAShardedTensor):
         raise UnsupportedOpError(op_name(func), f"internal: {op_name(functional)} did not give one tensor")
     if result._pjrt_data.state is not TensorState.LAZY:  # computed by the CPU fallback: a graph value of it
         result = _record(aten.clone.default, (result,), {})
     data = target._pjrt_data
     new = result._pjrt_data
+    if torch.Tag.inplace_view in func.tags:
+        _restride_in_place(func, args, kwargs, result)
+        return target
     if tuple(new.shape) != data.shape:
         raise RuntimeError(f"{op_name(func)}: the result of shape {list(new.shape)} cannot be written into a tensor "
                            f"of shape {list(data.shape)}")
@@ -520,6 +523,37 @@ def _dispatch_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
         new = result._pjrt_data
     _assign(data, new.lazy)
     return target
+
+
+def _with_defaults(func: Any, functional: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call with the arguments torch left out because they had their default (``bernoulli_()``'s
+    ``p=0.5``) where the functional twin has no default for them (``bernoulli.p``)."""
+    args, kwargs = list(args), dict(kwargs)
+    twin = functional._schema.arguments
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args) or arg.name in kwargs or not arg.has_default_value():
+            continue
+        if i < len(twin) and twin[i].has_default_value():
+            continue
+        if arg.kwarg_only:
+            kwargs[arg.name] = arg.default_value
+        elif i == len(args):
+            args.append(arg.default_value)
+    return tuple(args), kwargs
+
+
+def _restride_in_place(func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+    """``x.squeeze_()``, ``x.t_()``, ...: ``x`` itself becomes the view (its shape changes, its aliases keep theirs).
+
+    The wrapper's sizes change by running the op on its metadata alone (no dispatch), as torch's
+    own tensor subclasses do; its value is the recorded view.
+    """
+    from torch.utils._mode_utils import no_dispatch
+
+    target = args[0]
+    with no_dispatch():
+        func(*args, **kwargs)
+    target._pjrt_data = result._pjrt_data
 
 
 def _assign(data: TensorData, value: LazyValue) -> None:

@@ -17,6 +17,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ...errors import UnsupportedOpError
+from ._composites import COMPOSITES
 from ._table import LOWERINGS, op_name
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,9 @@ def functional_variant(op: Any) -> Any | None:
 
 
 def decomposition_for(op: Any) -> Any | None:
-    """torch's decomposition of ``op``: the core table first, then the full one."""
-    return _core_table().get(op) or _full_table().get(op)
+    """The decomposition of ``op``: ours for ops torch has none for (``_composites``), then torch's core
+    table, then its full one."""
+    return COMPOSITES.get(op) or _core_table().get(op) or _full_table().get(op)
 
 
 def can_lower(op: Any) -> bool:
