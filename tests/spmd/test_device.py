@@ -224,3 +224,19 @@ def test_torch_save_and_load_a_sharded_state_dict(cpu8):
     other.load_state_dict(state)  # copies into the marked parameter, which keeps its sharding
     assert torch.equal(other.weight.cpu(), model.weight.cpu())
     assert other.weight.sharding_spec == model.weight.sharding_spec
+
+
+def test_module_to_keeps_tied_parameters_tied(cpu8):
+    """A weight shared by two modules (embedding and LM head) stays one Parameter, as on the CPU and CUDA."""
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    grad = torch.ones(10, 4)
+    emb.weight.grad = grad.clone()
+    moved = model.to("pjrt")
+    assert moved is model
+    assert model.head.weight is model.emb.weight
+    assert isinstance(model.emb.weight, torch.nn.Parameter) and model.emb.weight.device.type == "pjrt"
+    assert len(list(model.parameters())) == 1
+    assert model.emb.weight.grad.device.type == "pjrt" and torch.equal(model.emb.weight.grad.cpu(), grad)

@@ -215,6 +215,18 @@ class XLAShardedTensor(torch.Tensor):
         rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor  # type: ignore[attr-defined]
         return (rebuild, (to_cpu(self), self.dtype, str(_device.TORCH_DEVICE), self.requires_grad))
 
+    # -- torch's wrapper-subclass protocol ------------------------------------------------------
+    # With it, Module.to / _apply moves a Parameter by swapping its contents in place
+    # (torch.utils.swap_tensors) instead of making a new Parameter per module, so parameters
+    # tied across modules (a GPT's embedding and LM head) stay one Parameter, as on CUDA.
+
+    def __tensor_flatten__(self) -> tuple[list[str], TensorData]:
+        return [], self._pjrt_data
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, data: TensorData, outer_size: Any, outer_stride: Any) -> XLAShardedTensor:
+        return XLAShardedTensor(data)
+
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         try:
