@@ -138,3 +138,28 @@ def test_cumprod_and_its_gradient_with_zeros_match_torch(engine):
     with_zeros = torch.tensor([[1.0, 2.0, 0.0, 3.0, 0.5], [0.0, 0.0, 2.0, 1.0, -1.0]])
     _check([("cumprod", lambda x: x.cumprod(1), [torch.randn(4, 6)], [("data", None)]),
             ("cumprod_zeros", lambda x: x.cumprod(1), [with_zeros], [None])])
+
+
+def test_interpolation_and_replication_padding_gradients_match_torch(engine):
+    """Their backward (and the antialiased forward) are torch's own per-dimension matrices, applied on the devices."""
+    torch.manual_seed(4)
+    x, x1, x3 = torch.randn(4, 3, 6, 7), torch.randn(2, 3, 9), torch.randn(2, 2, 4, 5, 3)
+    b4 = ("data", None, None, None)
+    cases: list[Case] = [
+        ("nearest2d", lambda t: F.interpolate(t, scale_factor=2, mode="nearest"), [x], [b4]),
+        ("nearest_exact2d", lambda t: F.interpolate(t, size=(4, 9), mode="nearest-exact"), [x], [None]),
+        ("nearest3d", lambda t: F.interpolate(t, size=(3, 7, 5), mode="nearest"), [x3], [None]),
+        ("linear1d", lambda t: F.interpolate(t, scale_factor=1.5, mode="linear"), [x1], [None]),
+        ("bilinear_scale", lambda t: F.interpolate(t, scale_factor=1.7, mode="bilinear"), [x], [b4]),
+        ("bilinear_align_corners", lambda t: F.interpolate(t, size=(9, 5), mode="bilinear", align_corners=True),
+         [x], [None]),
+        ("bicubic", lambda t: F.interpolate(t, size=(9, 5), mode="bicubic"), [x], [None]),
+        ("trilinear", lambda t: F.interpolate(t, scale_factor=1.5, mode="trilinear"), [x3], [None]),
+        ("bilinear_antialias", lambda t: F.interpolate(t, size=(3, 4), mode="bilinear", antialias=True), [x], [b4]),
+        ("bicubic_antialias", lambda t: F.interpolate(t, size=(4, 3), mode="bicubic", antialias=True), [x], [None]),
+        ("replicate_pad1d", lambda t: F.pad(t, (2, 3), mode="replicate"), [x1], [None]),
+        ("replicate_pad2d", lambda t: F.pad(t, (1, 2, 2, 1), mode="replicate"), [x], [b4]),
+        ("replicate_pad3d_cropping", lambda t: F.pad(t, (1, -1, 2, 0, 0, 1), mode="replicate"), [x3], [None]),
+    ]
+    _check(cases)
+    assert xs.metrics().fallbacks == 0

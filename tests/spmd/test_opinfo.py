@@ -69,8 +69,6 @@ KNOWN_FAILURES = {
 NEEDS_FALLBACK = {
     "norm.nuc": "linalg.svd",
     "linalg.det": "linalg.lu_factor",
-    "nn.functional.pad.replicate": "its backward (prims.copy_to)",
-    "nn.functional.interpolate.bilinear": "its backward (prims.copy_to)",
 }
 #: Cases that go through the CPU fallback by design: their output shape depends on the data (index_put: its
 #: boolean-mask sample).

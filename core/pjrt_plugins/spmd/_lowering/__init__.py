@@ -9,7 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 # Importing the op modules fills the op table.
-from . import _conv, _elementwise, _factories, _indexing, _linalg, _pooling, _random, _reductions, _shapes, _special  # noqa: F401
+from . import (  # noqa: F401
+    _conv,
+    _elementwise,
+    _factories,
+    _indexing,
+    _linalg,
+    _pooling,
+    _random,
+    _reductions,
+    _resample,
+    _shapes,
+    _special,
+)
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._module import RNG_KEY_DTYPE, RNG_KEY_SHAPE, LoweredModule, lower_graph, sharding_string, target_version

@@ -170,7 +170,7 @@ def _averaging_matrix(em: Emitter, size: int, out_size: int, dtype: torch.dtype)
     return em.select(inside, weights, em.constant(0.0, dtype, (out_size, size)))
 
 
-def _apply_along(em: Emitter, x: TensorValue, d: int, matrix: TensorValue, transpose: bool) -> TensorValue:
+def apply_along(em: Emitter, x: TensorValue, d: int, matrix: TensorValue, transpose: bool) -> TensorValue:
     """``matrix @ x`` along dimension ``d`` (``matrix^T`` when ``transpose``), keeping the dimension order."""
     r = em.dot_general(matrix, x, ((0 if transpose else 1,), (d,)))  # [m, rest...]
     perm = list(range(1, d + 1)) + [0] + list(range(d + 1, x.rank))
@@ -183,9 +183,9 @@ def _adaptive_avg(em: Emitter, x: TensorValue, out_spatial: Sequence[int], backw
     for k in range(n):
         d = lead + k
         if backward_to is None:
-            x = _apply_along(em, x, d, _averaging_matrix(em, x.shape[d], out_spatial[k], x.dtype), False)
+            x = apply_along(em, x, d, _averaging_matrix(em, x.shape[d], out_spatial[k], x.dtype), False)
         else:
-            x = _apply_along(em, x, d, _averaging_matrix(em, backward_to[d], x.shape[d], x.dtype), True)
+            x = apply_along(em, x, d, _averaging_matrix(em, backward_to[d], x.shape[d], x.dtype), True)
     return x
 
 
