@@ -25,7 +25,9 @@ from ._framework import Fail, Skip, check
 from ._framework_probe import PROBE_MARK, TORCH_XLA_PYTHON_ENV
 
 #: Slots XLA's C++ client calls without a NULL check, by the step that calls them. Traced
-#: through jaxlib 0.10.2 and torch_xla 2.9 (devices listed, an array moved there and back).
+#: through jaxlib 0.10.2 and torch_xla 2.9 (devices listed, an array moved there and back,
+#: jax.jit, an array moved between devices). A slot that cannot be honoured must answer
+#: UNIMPLEMENTED rather than be NULL.
 XLA_CLIENT_SLOTS: dict[str, tuple[str, ...]] = {
     "load": ("PJRT_Plugin_Initialize", "PJRT_Error_Destroy", "PJRT_Error_Message", "PJRT_Error_GetCode"),
     "create": (
@@ -71,6 +73,10 @@ XLA_CLIENT_SLOTS: dict[str, tuple[str, ...]] = {
         "PJRT_Buffer_IsDeleted",
     ),
     "download": ("PJRT_Buffer_ToHostBuffer", "PJRT_Buffer_Destroy"),
+    # Not driven by the probes, but reached as soon as a user does more: jax.jit asks every device
+    # for memory statistics before it compiles, and jax.device_put between devices copies.
+    "compile": ("PJRT_Device_MemoryStats", "PJRT_Client_Compile"),
+    "copy": ("PJRT_Buffer_CopyToMemory",),
 }
 #: What each probe step does, for messages.
 STEPS = {
@@ -79,6 +85,8 @@ STEPS = {
     "devices": "listing the devices",
     "upload": "putting an array on a device",
     "download": "reading the array back",
+    "compile": "compiling (jax.jit)",
+    "copy": "moving an array to another device",
 }
 _PROBE = Path(__file__).with_name("_framework_probe.py")
 _PROBE_MODULE = "pjrt_plugins.conform._framework_probe"

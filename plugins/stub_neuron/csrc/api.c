@@ -229,6 +229,22 @@ static PJRT_Error* StubPlugin_Attributes(PJRT_Plugin_Attributes_Args* args) {
   return NULL;
 }
 
+/* ------------------------- functions it does not have ------------------------- */
+
+/* XLA's C++ client calls some slots without a NULL check when a framework asks for
+ * something the stub cannot do (jax.jit asks for memory statistics, moving an array
+ * to another device copies to that device's memory). A NULL slot there is a
+ * segfault; these answer UNIMPLEMENTED, which the framework reports as an error. */
+#define STUB_UNIMPLEMENTED(name, what)                                                        \
+  static PJRT_Error* StubUnimplemented_##name(name##_Args* args) {                           \
+    (void)args;                                                                              \
+    return stub_error(PJRT_Error_Code_UNIMPLEMENTED, #name ": the stub_neuron plugin has no " what); \
+  }
+
+STUB_UNIMPLEMENTED(PJRT_Device_MemoryStats, "memory statistics")
+STUB_UNIMPLEMENTED(PJRT_Buffer_CopyToMemory, "copies between memories (it keeps data in host memory)")
+STUB_UNIMPLEMENTED(PJRT_Buffer_CopyToDevice, "copies between devices (it keeps data in host memory)")
+
 /* ------------------------------- the table ------------------------------- */
 
 static const PJRT_Api stub_api = {
@@ -288,6 +304,7 @@ static const PJRT_Api stub_api = {
     .PJRT_Device_LocalHardwareId = StubDevice_LocalHardwareId,
     .PJRT_Device_AddressableMemories = StubDevice_AddressableMemories,
     .PJRT_Device_DefaultMemory = StubDevice_DefaultMemory,
+    .PJRT_Device_MemoryStats = StubUnimplemented_PJRT_Device_MemoryStats,
 
     .PJRT_Memory_Id = StubMemory_Id,
     .PJRT_Memory_Kind = StubMemory_Kind,
@@ -309,6 +326,8 @@ static const PJRT_Api stub_api = {
     .PJRT_Buffer_DynamicDimensionIndices = StubBuffer_DynamicDimensionIndices,
     .PJRT_Buffer_GetMemoryLayout = StubBuffer_GetMemoryLayout,
     .PJRT_Buffer_IsOnCpu = StubBuffer_IsOnCpu,
+    .PJRT_Buffer_CopyToDevice = StubUnimplemented_PJRT_Buffer_CopyToDevice,
+    .PJRT_Buffer_CopyToMemory = StubUnimplemented_PJRT_Buffer_CopyToMemory,
     /* Everything else (executables, copies between devices, async transfers,
      * ...) is deliberately NULL: XLA's C++ client only calls those slots for
      * features the stub does not have (compile, execute, copies). */

@@ -202,7 +202,6 @@ static void check_api_table(void) {
   /* Deliberately missing slots stay NULL so loaders must gate on them. */
   CHECK(api->PJRT_Client_DefaultDeviceAssignment == NULL, "DefaultDeviceAssignment is NULL");
   CHECK(api->PJRT_LoadedExecutable_Execute == NULL, "LoadedExecutable_Execute is NULL");
-  CHECK(api->PJRT_Buffer_CopyToDevice == NULL, "Buffer_CopyToDevice is NULL");
   CHECK(api->PJRT_Compile == NULL, "PJRT_Compile is NULL");
   CHECK(api->PJRT_Client_Compile != NULL, "Client_Compile is set (it reports UNIMPLEMENTED)");
   /* XLA's C++ client (JAX, torch_xla) calls these without a NULL check. */
@@ -214,6 +213,16 @@ static void check_api_table(void) {
   CHECK(api->PJRT_Buffer_UnpaddedDimensions != NULL, "Buffer_UnpaddedDimensions is set");
   CHECK(api->PJRT_Buffer_DynamicDimensionIndices != NULL, "Buffer_DynamicDimensionIndices is set");
   CHECK(api->PJRT_Buffer_IsOnCpu != NULL, "Buffer_IsOnCpu is set");
+  /* ... and these when JAX compiles or copies: the stub answers UNIMPLEMENTED there. */
+  PJRT_Device_MemoryStats_Args stats = {.struct_size = PJRT_Device_MemoryStats_Args_STRUCT_SIZE};
+  expect_error(api->PJRT_Device_MemoryStats(&stats), PJRT_Error_Code_UNIMPLEMENTED, "memory statistics",
+               "Device_MemoryStats");
+  PJRT_Buffer_CopyToDevice_Args copy = {.struct_size = PJRT_Buffer_CopyToDevice_Args_STRUCT_SIZE};
+  expect_error(api->PJRT_Buffer_CopyToDevice(&copy), PJRT_Error_Code_UNIMPLEMENTED, "copies between devices",
+               "Buffer_CopyToDevice");
+  PJRT_Buffer_CopyToMemory_Args to_memory = {.struct_size = PJRT_Buffer_CopyToMemory_Args_STRUCT_SIZE};
+  expect_error(api->PJRT_Buffer_CopyToMemory(&to_memory), PJRT_Error_Code_UNIMPLEMENTED, "copies between memories",
+               "Buffer_CopyToMemory");
   printf("ok   api table %d.%d, %zu bytes\n", api->pjrt_api_version.major_version,
          api->pjrt_api_version.minor_version, api->struct_size);
 }

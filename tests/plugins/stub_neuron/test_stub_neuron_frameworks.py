@@ -54,6 +54,29 @@ def test_jax_platforms_stub_neuron_lists_its_devices_and_round_trips_arrays():
     assert lines[1] == "round trips ok"
 
 
+def test_what_the_stub_cannot_do_in_jax_is_an_error_not_a_crash():
+    # jax.jit asks every device for memory statistics before compiling, and a put to another device
+    # copies between memories: NULL slots there were segfaults.
+    result = run_jax(
+        """
+        import jax, numpy as np
+        x = jax.device_put(np.ones(3, np.float32), jax.devices()[0])
+        print(jax.devices()[0].memory_stats())
+        for attempt in (lambda: jax.jit(lambda a: a + 1)(x), lambda: jax.device_put(x, jax.devices()[1])):
+            try:
+                attempt()
+            except jax.errors.JaxRuntimeError as exc:
+                print(str(exc).splitlines()[0])
+        """,
+        JAX_PLATFORMS="stub_neuron",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    stats, jit, copy = result.stdout.splitlines()
+    assert stats == "None"
+    assert jit.startswith("UNIMPLEMENTED: the stub_neuron plugin has no compiler"), jit
+    assert copy.startswith("UNIMPLEMENTED: PJRT_Buffer_CopyToMemory: the stub_neuron plugin has no copies"), copy
+
+
 #: What a user has who installed jax and every backend (base installs, no extras).
 JAX_AND_OUR_BACKENDS = ("jax", "pjrt-plugins", "pjrt-plugin-cpu", "pjrt-plugin-gpu", "pjrt-plugin-tpu",
                         "pjrt-plugin-stub-neuron")
