@@ -1,0 +1,205 @@
+"""Real models trained on the pjrt device, compared with CPU eager torch step by step (issue 12).
+
+A GPT with tied embeddings (batch sharded on ``data``, Megatron-sharded MLP, AdamW); a CNN with
+convolutions, batch norm and pooling (SGD); TransformerEncoderLayer in eval mode; activation
+checkpointing; bf16 autocast. Each starts from the same weights as its CPU twin and must follow it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import pjrt_plugins.spmd as xs
+
+from _exec_support import assert_close, engine  # noqa: F401
+
+STEPS = 3
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        # No qkv bias: the key bias's gradient is zero up to rounding (softmax ignores a shift), and Adam
+        # would blow that noise, which differs between any two backends, up to full steps.
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
+        att = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 64, d: int = 32, heads: int = 4, layers: int = 2, ctx: int = 8,
+                 checkpointed: bool = False) -> None:
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return self.head(self.ln(x))
+
+
+def _megatron(model: GPT, mesh: xs.Mesh) -> None:
+    for block in model.blocks:
+        xs.mark_sharding(block.fc1.weight, mesh, ("model", None))
+        xs.mark_sharding(block.fc1.bias, mesh, ("model",))
+        xs.mark_sharding(block.fc2.weight, mesh, (None, "model"))
+
+
+def _train_gpt(engine_checkpointed: bool) -> None:
+    torch.manual_seed(0)
+    ref = GPT(checkpointed=engine_checkpointed)
+    model = copy.deepcopy(ref).to("pjrt")
+    assert model.head.weight is model.tok.weight
+    assert len(list(model.parameters())) == len(list(ref.parameters()))
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    _megatron(model, mesh)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(STEPS):
+        idx, target = torch.randint(0, 64, (4, 8)), torch.randint(0, 64, (4, 8))
+        loss_ref = F.cross_entropy(ref(idx).flatten(0, 1), target.flatten())
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        idx_d = xs.mark_sharding(idx.to("pjrt"), mesh, ("data", None))
+        loss = F.cross_entropy(model(idx_d).flatten(0, 1), target.to("pjrt").flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xs.sync()
+        assert_close(f"loss at step {step}", loss.cpu(), loss_ref.detach(), rtol=1e-4, atol=1e-5)
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        assert_close(f"{name} after {STEPS} steps", p.cpu(), r.detach(), rtol=1e-4, atol=1e-5)
+    assert model.head.weight is model.tok.weight
+
+
+def test_gpt_with_tied_embeddings_sharded_batch_and_megatron_mlp_trains_like_cpu(engine):
+    _train_gpt(engine_checkpointed=False)
+    assert xs.metrics().fallbacks == 0
+
+
+def test_activation_checkpointing_trains_like_cpu(engine):
+    _train_gpt(engine_checkpointed=True)
+
+
+def test_cnn_with_batch_norm_and_pooling_trains_with_sgd_like_cpu(engine):
+    torch.manual_seed(1)
+    ref = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, stride=1, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(16, 10),
+    )
+    model = copy.deepcopy(ref).to("pjrt")
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        x, y = torch.randn(8, 3, 12, 12), torch.randint(0, 10, (8,))
+        loss_ref = F.cross_entropy(ref(x), y)
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        loss = F.cross_entropy(model(xs.mark_sharding(x.to("pjrt"), mesh, ("data", None, None, None))), y.to("pjrt"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xs.sync()
+        assert_close(f"loss at step {step}", loss.cpu(), loss_ref.detach(), rtol=1e-4, atol=1e-5)
+    for (name, p), r in zip(model.state_dict().items(), ref.state_dict().values()):
+        assert_close(f"{name} after {STEPS} steps", p.cpu(), r, rtol=1e-4, atol=1e-4)
+    assert xs.metrics().fallbacks == 0
+
+
+def test_transformer_encoder_layer_in_eval_mode_matches_cpu(engine):
+    torch.manual_seed(2)
+    ref = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True).eval()
+    model = copy.deepcopy(ref).to("pjrt")
+    x = torch.randn(4, 6, 32)
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[:, -2:] = True  # padding
+    with torch.no_grad():
+        out_ref = ref(x, src_key_padding_mask=mask)
+        out = model(x.to("pjrt"), src_key_padding_mask=mask.to("pjrt"))
+        plain_ref, plain = ref(x), model(x.to("pjrt"))
+    keep = ~mask
+    assert_close("encoder output (padded)", out.cpu()[keep], out_ref[keep], rtol=1e-4, atol=1e-5)
+    assert_close("encoder output", plain.cpu(), plain_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_autocast_training_follows_cpu_autocast(engine):
+    torch.manual_seed(3)
+    ref = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4))
+    model = copy.deepcopy(ref).to("pjrt")
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss_ref = F.mse_loss(ref(x).float(), y)
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        with torch.autocast("pjrt", dtype=torch.bfloat16):
+            out = model(x.to("pjrt"))
+            assert out.dtype == torch.bfloat16
+            loss = F.mse_loss(out.float(), y.to("pjrt"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xs.sync()
+        # bfloat16 keeps 8 bits of mantissa: agree to about 1%.
+        assert_close(f"loss at step {step}", loss.cpu(), loss_ref.detach(), rtol=3e-2, atol=3e-2)
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        assert p.dtype == torch.float32
+        assert_close(f"{name} after {STEPS} steps", p.cpu(), r.detach(), rtol=5e-2, atol=2e-2)
+
+
+@pytest.mark.xfail(strict=True, reason="random ops draw their key per executed program, not per op at record time: "
+                   "a recomputation in the same program gets another mask (needs per-op RNG keys)")
+def test_checkpointed_dropout_recomputes_the_same_mask(engine):
+    """torch.utils.checkpoint restores the RNG state before recomputing: the dropout mask must be the forward's."""
+    torch.manual_seed(4)
+    lin = nn.Linear(16, 16).to("pjrt")
+    x = torch.randn(8, 16).to("pjrt").requires_grad_()
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return F.dropout(lin(t), p=0.5, training=True)
+
+    torch.manual_seed(5)
+    out = checkpoint(block, x, use_reentrant=False)
+    (out * out).sum().backward()  # the gradient needs the mask; recomputed in the backward
+    grad = x.grad.cpu()
+    kept = out.cpu() != 0
+    x.grad = None
+    torch.manual_seed(5)
+    plain = block(x)
+    (plain * plain).sum().backward()
+    assert torch.equal(plain.cpu() != 0, kept), "the same seed must give the same forward mask"
+    assert_close("gradient through a recomputed dropout", grad, x.grad.cpu(), rtol=1e-5, atol=1e-6)
