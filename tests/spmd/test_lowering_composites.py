@@ -136,3 +136,78 @@ def test_empty_tensors_through_factories_reductions_and_shape_ops(engine):
     assert tuple(empty.cpu().shape) == (0,)
     for (name, fn), (_, o) in zip(cases, outs):
         assert_close(name, o.cpu(), fn(x))
+
+
+def _compare_with_grads(cases, grad_cases=()) -> None:
+    """Run ``(name, fn, args)`` cases on pjrt and the CPU (gradients too for ``grad_cases``); one materialization."""
+    results = []
+    for name, fn, args in cases:
+        with_grad = name in grad_cases
+        pairs = []
+        for dev in (False, True):
+            moved = [(a.to("pjrt") if dev else a.clone()).requires_grad_(with_grad and a.is_floating_point())
+                     for a in args]
+            out = fn(*moved)
+            outs = list(out) if isinstance(out, tuple) else [out]
+            if with_grad:
+                seed = torch.linspace(-1, 1, outs[0].numel()).reshape(outs[0].shape)
+                outs += torch.autograd.grad(outs[0], [m for m in moved if m.requires_grad],
+                                            seed.to("pjrt") if dev else seed)
+            pairs.append(outs)
+        results.append((name, pairs))
+    for name, (ref, got) in results:
+        for i, (r, g) in enumerate(zip(ref, got)):
+            assert_close(f"{name}[{i}]", g.cpu(), r.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_scans_order_statistics_and_searches_match_torch_with_nan_and_ties(engine):
+    torch.manual_seed(5)
+    x = torch.randn(4, 7)
+    nan = x.clone()
+    nan[1, 2] = nan[2, 0] = nan[2, 5] = float("nan")
+    ties = torch.randint(0, 3, (4, 7)).float()
+    seq = torch.sort(torch.randn(4, 6))[0]
+    cases = []
+    for tag, t in (("plain", x), ("nan", nan), ("ties", ties)):
+        cases += [
+            (f"cummax_{tag}", lambda a: torch.cummax(a, 1), [t]),
+            (f"cummin_{tag}", lambda a: torch.cummin(a, 0), [t]),
+            (f"logcumsumexp_{tag}", lambda a: torch.logcumsumexp(a, 1), [t]),
+            (f"median_{tag}", torch.median, [t]),
+            (f"nanmedian_{tag}", torch.nanmedian, [t]),
+        ]
+    for tag, t in (("plain", x), ("nan", nan)):  # ties make the index of a duplicate value arbitrary on the CPU
+        cases += [
+            (f"kthvalue_{tag}", lambda a: torch.kthvalue(a, 3, 1), [t]),
+            (f"median_dim_{tag}", lambda a: torch.median(a, 1), [t]),
+            (f"nanmedian_dim_{tag}", lambda a: torch.nanmedian(a, 1, keepdim=True), [t]),
+        ]
+    cases += [
+        ("logcumsumexp_infinities", lambda a: torch.logcumsumexp(a, 0),
+         [torch.tensor([float("-inf"), -1000.0, 0.0, float("inf"), 1.0])]),
+        ("searchsorted", torch.searchsorted, [seq, torch.randn(4, 3)]),
+        ("searchsorted_right_1d", lambda s, v: torch.searchsorted(s[0], v, right=True), [seq, seq[:, :2]]),
+        ("bucketize", torch.bucketize, [torch.randn(4, 3), torch.sort(torch.randn(5))[0]]),
+        ("histc_data_range", lambda a: torch.histc(a, 7), [torch.randn(50)]),
+        ("histc", lambda a: torch.histc(a, 5, -1, 1), [torch.randn(50)]),
+    ]
+    _compare_with_grads(cases, {"cummax_plain", "logcumsumexp_plain", "median_dim_plain", "kthvalue_plain"})
+    assert xs.metrics().fallbacks == 0
+
+
+def test_bilinear_cdist_addbmm_masked_scatter_and_put_with_gradients_match_torch(engine):
+    torch.manual_seed(6)
+    mask = torch.rand(3, 4) > 0.5
+    cases = [
+        ("addbmm", lambda c, a, b: torch.addbmm(c, a, b, beta=0.5, alpha=2),
+         [torch.randn(4, 6), torch.randn(3, 4, 5), torch.randn(3, 5, 6)]),
+        ("bilinear", F.bilinear, [torch.randn(5, 3), torch.randn(5, 4), torch.randn(6, 3, 4), torch.randn(6)]),
+        ("masked_scatter", lambda a, s: a.masked_scatter(mask.to(a.device), s), [torch.randn(3, 4), torch.randn(12)]),
+        ("put", lambda a, s: a.put(torch.tensor([0, -1, 5]).to(a.device), s), [torch.randn(3, 4), torch.randn(3)]),
+        ("put_accumulate", lambda a, s: a.put(torch.tensor([0, 0, 5]).to(a.device), s, accumulate=True),
+         [torch.randn(3, 4), torch.randn(3)]),
+    ]
+    for p in (0.0, 1.0, 2.0, 3.0, 0.5, float("inf")):
+        cases.append((f"cdist_p{p}", lambda a, b, p=p: torch.cdist(a, b, p), [torch.randn(2, 5, 3), torch.randn(2, 4, 3)]))
+    _compare_with_grads(cases, {name for name, _, _ in cases if name != "cdist_p0.0"})
+    assert xs.metrics().fallbacks == 0

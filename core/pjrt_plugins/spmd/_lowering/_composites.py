@@ -205,3 +205,118 @@ def embedding_bag_per_sample_weights_backward(grad: torch.Tensor, weight: torch.
     bag_of, counts, _ = _bags(indices, offsets, include_last_offset, padding_idx)
     per_index = (grad.index_select(0, bag_of) * weight.index_select(0, indices)).sum(1)
     return per_index * counts.to(per_index.dtype)
+
+
+# -- products, distances, searches, histograms -----------------------------------------------------
+
+
+@_composite(aten._trilinear.default)
+def trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: Any, expand2: Any, expand3: Any,
+              sumdim: Any, unroll_dim: int = 1) -> torch.Tensor:
+    """Each input unsqueezed at its ``expand`` dims, multiplied, summed over ``sumdim`` (F.bilinear's kernel)."""
+    def expanded(t: torch.Tensor, dims: Any) -> torch.Tensor:
+        for d in sorted(dims):
+            t = t.unsqueeze(d)
+        return t
+
+    product = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
+    return product.sum(list(sumdim)) if len(sumdim) else product
+
+
+def _pairwise_difference(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """[..., P, R, M]: x1[..., p, :] - x2[..., r, :]."""
+    return x1.unsqueeze(-2) - x2.unsqueeze(-3)
+
+
+@_composite(aten._cdist_forward.default)
+def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None) -> torch.Tensor:
+    diff = _pairwise_difference(x1, x2).abs()
+    if p == 0:
+        return (diff != 0).to(x1.dtype).sum(-1)
+    if p == float("inf"):
+        return diff.amax(-1) if diff.shape[-1] else diff.sum(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return diff.square().sum(-1).sqrt()
+    return diff.pow(p).sum(-1).pow(1.0 / p)
+
+
+@_composite(aten._cdist_backward.default)
+def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float,
+                   cdist: torch.Tensor) -> torch.Tensor:
+    """d cdist / d x1: sum over r of grad * d|x1 - x2|_p (zero where a distance or a difference is zero)."""
+    diff = _pairwise_difference(x1, x2)
+    dist = cdist.unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        local = diff.sign()
+    elif p == float("inf"):
+        local = diff.sign() * (diff.abs() == dist).to(diff.dtype)
+    else:
+        safe = torch.where(dist == 0, torch.ones_like(dist), dist)
+        magnitude = diff.abs().pow(p - 1) if p != 2 else diff.abs()
+        local = torch.where(dist == 0, torch.zeros_like(diff), diff.sign() * magnitude / safe.pow(p - 1))
+    return (grad.unsqueeze(-1) * local).sum(-2)
+
+
+@_composite(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(sorted_sequence: torch.Tensor, values: Any, *, out_int32: bool = False, right: bool = False,
+                 side: str | None = None, sorter: torch.Tensor | None = None) -> torch.Tensor:
+    """How many sequence elements are < v (left) or <= v (right): comparisons, no binary search."""
+    seq = sorted_sequence if sorter is None else sorted_sequence.gather(-1, sorter)
+    if not isinstance(values, torch.Tensor):
+        values = torch.tensor(values, dtype=seq.dtype).to(seq.device)
+    v = values.unsqueeze(-1)
+    rows = seq if seq.dim() == 1 else seq.unsqueeze(-2)
+    before = ~(rows > v) if (right or side == "right") else rows < v
+    return before.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
+
+@_composite(aten.histc.default)
+def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """Counts in ``bins`` equal bins over [min, max] (the data's range when both are 0), as torch's CPU kernel."""
+    lo: Any = min
+    hi: Any = max
+    if lo == hi:
+        lo, hi = x.amin() if x.numel() else torch.zeros((), device=x.device), x.amax() if x.numel() else torch.zeros(
+            (), device=x.device)
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    position = ((x - lo) / (hi - lo) * bins).to(torch.int64)
+    position = torch.where(x == hi, bins - 1, position).clamp(0, bins - 1).flatten()
+    inside = ((x >= lo) & (x <= hi)).flatten().to(x.dtype)
+    return torch.zeros(bins, dtype=x.dtype, device=x.device).index_add(0, position, inside)
+
+
+def _mask_order(mask: torch.Tensor) -> torch.Tensor:
+    """For each position, how many true mask entries precede it (its slot in the source), clamped at 0."""
+    return (mask.flatten().long().cumsum(0) - 1).clamp(min=0)
+
+
+@_composite(aten.masked_scatter.default)
+def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """Where ``mask`` is true, the next element of ``source`` in row-major order; elsewhere ``x``."""
+    mask = mask.expand(x.shape)
+    taken = source.flatten().index_select(0, _mask_order(mask).clamp(max=max(source.numel() - 1, 0)))
+    return torch.where(mask, taken.view(x.shape), x)
+
+
+@_composite(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: Any) -> torch.Tensor:
+    numel = math.prod(sizes)
+    mask = mask.expand(grad.shape)
+    picked = torch.where(mask, grad, torch.zeros_like(grad)).flatten()
+    order = _mask_order(mask).clamp(max=max(numel - 1, 0))
+    return torch.zeros(numel, dtype=grad.dtype, device=grad.device).index_add(0, order, picked).view(sizes)
+
+
+@_composite(aten.put.default)
+def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    flat_index = index.flatten()
+    flat_index = torch.where(flat_index < 0, flat_index + x.numel(), flat_index)
+    flat = x.flatten()
+    values = source.flatten().to(x.dtype)
+    flat = flat.index_add(0, flat_index, values) if accumulate else flat.index_copy(0, flat_index, values)
+    return flat.view(x.shape)

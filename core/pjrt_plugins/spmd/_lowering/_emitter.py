@@ -368,6 +368,27 @@ class Emitter:
             hlo.return_([fn(block.arguments[0], block.arguments[1])])
         return TensorValue(op.results[0], shape, x.dtype)
 
+    def scan(self, inputs: Sequence[TensorValue], inits: Sequence[TensorValue], dim: int,
+             body: Callable[[Emitter, list[TensorValue], list[TensorValue]], list[TensorValue]]) -> list[TensorValue]:
+        """Inclusive scans along ``dim`` with an associative, commutative ``body`` (a variadic reduce_window
+        whose window covers the dimension, padded in front with ``inits``)."""
+        x = inputs[0]
+        n = x.shape[dim]
+        if x.numel == 0:
+            return list(inputs)
+        window = [n if i == dim else 1 for i in range(x.rank)]
+        padding = np.asarray([[n - 1, 0] if i == dim else [0, 0] for i in range(x.rank)], dtype=np.int64)
+        op = hlo.ReduceWindowOp([tensor_type(t.shape, t.dtype) for t in inputs], [t.value for t in inputs],
+                                [i.value for i in inits], window_dimensions=window,
+                                padding=ir.DenseElementsAttr.get(padding, type=ir.IntegerType.get_signless(64)))
+        scalar_types = [tensor_type((), t.dtype) for t in inputs]
+        block = op.regions[0].blocks.append(*(scalar_types + scalar_types))
+        with ir.InsertionPoint(block):
+            k = len(inputs)
+            args = [TensorValue(block.arguments[i], (), inputs[i % k].dtype) for i in range(2 * k)]
+            hlo.return_([o.value for o in body(self, args[:k], args[k:])])
+        return [TensorValue(op.results[i], t.shape, t.dtype) for i, t in enumerate(inputs)]
+
     # -- linear algebra -----------------------------------------------------------------
 
     def dot_general(

@@ -272,6 +272,19 @@ def _gather(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: Ten
     return em.reshape(TensorValue(v, index.shape, x.dtype), tuple(out.shape))
 
 
+def take_along(em: Emitter, x: TensorValue, d: int, position: TensorValue) -> TensorValue:
+    """``x[..., position[...], ...]`` along ``d``: ``position`` has x's shape without ``d``, one index per slice."""
+    index = em.reshape(position, tuple(1 if i == d else s for i, s in enumerate(x.shape)))
+    starts = _full_index(em, index, d, x.shape[d])
+    dnums = hlo.GatherDimensionNumbers.get(
+        offset_dims=[], collapsed_slice_dims=list(range(x.rank)), operand_batching_dims=[],
+        start_indices_batching_dims=[], start_index_map=list(range(x.rank)), index_vector_dim=index.rank,
+    )
+    v = hlo.gather(x.value, starts.value, dnums, [1] * x.rank, indices_are_sorted=False,
+                   results=[tensor_type(index.shape, x.dtype)])
+    return em.reshape(TensorValue(v, index.shape, x.dtype), position.shape)
+
+
 def scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue,
                      reduce: str | None) -> TensorValue:
     """torch.scatter: ``x[..., index[i, j], ...] = src[i, j]`` along ``d``, or combined with ``reduce``."""
@@ -375,4 +388,4 @@ def _index_reduce(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, inde
                         lambda base, values, kind: scatter_along(em, base, d, idx, values, kind), src)
 
 
-__all__ = ["SCATTER_REDUCTIONS", "gather_along", "scatter_along", "scatter_elements"]
+__all__ = ["SCATTER_REDUCTIONS", "gather_along", "scatter_along", "scatter_elements", "take_along"]

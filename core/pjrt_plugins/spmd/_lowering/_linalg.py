@@ -47,3 +47,12 @@ def _scaled_sum(em: Emitter, out: torch.Tensor, bias: TensorValue, product: Tens
 def _addmm(em: Emitter, out: torch.Tensor, bias: TensorValue, a: TensorValue, b: TensorValue, *,
            beta: Any = 1, alpha: Any = 1) -> TensorValue:
     return _scaled_sum(em, out, bias, _matmul(em, out, a, b), beta, alpha)
+
+
+@lowers(aten.addbmm.default)
+def _addbmm(em: Emitter, out: torch.Tensor, bias: TensorValue, a: TensorValue, b: TensorValue, *, beta: Any = 1,
+            alpha: Any = 1) -> TensorValue:
+    """bias + sum over the batch of a[i] @ b[i]: one dot_general contracting the batch and inner dims."""
+    cdt = compute_dtype(out.dtype)
+    product = em.convert(em.dot_general(em.convert(a, cdt), em.convert(b, cdt), ((0, 2), (0, 1))), out.dtype)
+    return _scaled_sum(em, out, bias, product, beta, alpha)

@@ -15,6 +15,7 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue, highest, lowest
+from ._indexing import take_along
 from ._mlir import tensor_type
 from ._table import lowers
 
@@ -284,3 +285,128 @@ def _topk(em: Emitter, out: tuple, x: TensorValue, k: int, dim: int = -1, larges
     limits[d] = int(k)
     starts, strides = [0] * x.rank, [1] * x.rank
     return em.slice(values, starts, limits, strides), em.slice(indices, starts, limits, strides)
+
+
+def _nan_first_preference(em: Emitter, av: TensorValue, bv: TensorValue, largest: bool) -> tuple[TensorValue, TensorValue]:
+    """(a strictly preferred, a and b equally preferred) for a running max/min where NaN beats every number."""
+    a_nan, b_nan = em.compare(av, av, "NE"), em.compare(bv, bv, "NE")
+    better = em.compare(av, bv, "GT" if largest else "LT")
+    equal = em.compare(av, bv, "EQ")
+    if av.dtype.is_floating_point:
+        better = em.binary(hlo.or_, em.binary(hlo.and_, better, em.unary(hlo.not_, b_nan)),
+                           em.binary(hlo.and_, a_nan, em.unary(hlo.not_, b_nan)))
+        equal = em.binary(hlo.or_, equal, em.binary(hlo.and_, a_nan, b_nan))
+    return better, equal
+
+
+def _cumulative_extreme(largest: bool) -> Any:
+    """cummax/cummin: the running extreme and the index of its last occurrence (NaN sticks, as in torch)."""
+
+    def lower(em: Emitter, out: tuple, x: TensorValue, dim: int) -> tuple[TensorValue, TensorValue]:
+        if x.rank == 0:
+            return x, em.constant(0, torch.int64)
+        d = dim % x.rank
+        idx = em.iota(x.shape, d, torch.int64)
+
+        def body(em: Emitter, acc: list[TensorValue], elem: list[TensorValue]) -> list[TensorValue]:
+            (av, ai), (bv, bi) = acc, elem
+            better, equal = _nan_first_preference(em, av, bv, largest)
+            take_a = em.binary(hlo.or_, better, em.binary(hlo.and_, equal, em.compare(ai, bi, "GT")))
+            return [em.select(take_a, av, bv), em.select(take_a, ai, bi)]
+
+        init = [em.constant(lowest(x.dtype) if largest else highest(x.dtype), x.dtype), em.constant(-1, torch.int64)]
+        values, indices = em.scan([x, idx], init, d, body)
+        return values, indices
+
+    return lower
+
+
+lowers(aten.cummax.default)(_cumulative_extreme(True))
+lowers(aten.cummin.default)(_cumulative_extreme(False))
+
+
+@lowers(aten.logcumsumexp.default)
+def _logcumsumexp(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int) -> TensorValue:
+    """A scan of logaddexp: max + log1p(exp(-|a - b|)), exact for -inf and equal infinities."""
+    cdt = compute_dtype(out.dtype)
+    x = em.convert(x, cdt)
+    if x.rank == 0:
+        return em.convert(x, out.dtype)
+
+    def body(em: Emitter, acc: list[TensorValue], elem: list[TensorValue]) -> list[TensorValue]:
+        a, b = acc[0], elem[0]
+        hi, lo = em.maximum(a, b), em.minimum(a, b)
+        r = em.add(hi, em.unary(hlo.log_plus_one, em.unary(hlo.exponential, em.sub(lo, hi))))
+        finite = TensorValue(hlo.is_finite(a.value), (), torch.bool)
+        same_inf = em.binary(hlo.and_, em.compare(a, b, "EQ"), em.unary(hlo.not_, finite))
+        return [em.select(same_inf, a, r)]
+
+    (r,) = em.scan([x], [em.constant(float("-inf"), cdt)], dim % x.rank, body)
+    return em.convert(r, out.dtype)
+
+
+def _order_statistic(em: Emitter, x: TensorValue, d: int, k: TensorValue, keepdim: bool,
+                     out: tuple) -> tuple[TensorValue, TensorValue]:
+    """The k-th smallest (0-based ``k``, one per slice) along ``d`` and its index."""
+    values, indices = _sort(em, x, d, descending=False)  # NaN sorts last
+    v, i = take_along(em, values, d, k), take_along(em, indices, d, k)
+    return (_finish(em, out[0], v, x.shape, [d], keepdim), _finish(em, out[1], i, x.shape, [d], keepdim))
+
+
+def _slice_shape(x: TensorValue, d: int) -> tuple[int, ...]:
+    return tuple(s for i, s in enumerate(x.shape) if i != d)
+
+
+@lowers(aten.kthvalue.default)
+def _kthvalue(em: Emitter, out: tuple, x: TensorValue, k: int, dim: int = -1, keepdim: bool = False) -> tuple:
+    if x.rank == 0:
+        return x, em.constant(0, torch.int64)
+    d = dim % x.rank
+    return _order_statistic(em, x, d, em.constant(int(k) - 1, torch.int64, _slice_shape(x, d)), keepdim, out)
+
+
+def _median_dim(ignore_nan: bool) -> Any:
+    """The lower median; ``median`` gives NaN (and the first NaN's index) if a slice has one, ``nanmedian`` skips them."""
+
+    def lower(em: Emitter, out: tuple, x: TensorValue, dim: int = 0, keepdim: bool = False) -> tuple:
+        if x.rank == 0:
+            return x, em.constant(0, torch.int64)
+        d = dim % x.rank
+        n = x.shape[d]
+        if not x.dtype.is_floating_point or not ignore_nan:
+            k = em.constant((n - 1) // 2, torch.int64, _slice_shape(x, d))
+        else:
+            count = em.reduce_simple(em.convert(em.compare(x, x, "EQ"), torch.int64), [d], "sum")
+            k = em.div(em.sub(em.maximum(count, em.constant(1, torch.int64, count.shape)),
+                              em.constant(1, torch.int64, count.shape)), em.constant(2, torch.int64, count.shape))
+        values, indices = _order_statistic(em, x, d, k, True, (out[0], out[1]))
+        values = em.reshape(values, _slice_shape(x, d))
+        indices = em.reshape(indices, _slice_shape(x, d))
+        if x.dtype.is_floating_point and not ignore_nan:
+            nan = em.compare(x, x, "NE")
+            has_nan = em.reduce_simple(nan, [d], "or")
+            first_nan = _arg_reduce(em, em.convert(nan, torch.int32), d, True)[1]
+            values = em.select(has_nan, em.constant(float("nan"), x.dtype, values.shape), values)
+            indices = em.select(has_nan, first_nan, indices)
+        return (_finish(em, out[0], values, x.shape, [d], keepdim), _finish(em, out[1], indices, x.shape, [d], keepdim))
+
+    return lower
+
+
+lowers(aten.median.dim)(_median_dim(False))
+lowers(aten.nanmedian.dim)(_median_dim(True))
+
+
+def _median_all(ignore_nan: bool) -> Any:
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+        flat = em.reshape(x, (x.numel,))
+        if x.numel == 0:
+            return em.constant(float("nan"), out.dtype, ())
+        values, _ = _median_dim(ignore_nan)(em, (out, torch.empty((), dtype=torch.int64)), flat, 0, False)
+        return em.reshape(values, ())
+
+    return lower
+
+
+lowers(aten.median.default)(_median_all(False))
+lowers(aten.nanmedian.default)(_median_all(True))
