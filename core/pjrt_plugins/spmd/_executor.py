@@ -502,6 +502,35 @@ def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> li
     return specs
 
 
+def parameter_shardings(program: CompiledProgram) -> list[ShardingSpec] | None:
+    """The shardings the compiled program wants its arguments in (from the optimized HLO module), or None.
+
+    Usually those the module declared; XLA compiles some programs (an identity of an unevenly
+    tiled argument) for other ones, and the arguments must then be laid out again. Read once
+    per program.
+    """
+    cached = _parameter_shardings.get(program.key, _MISSING)
+    if cached is not _MISSING:
+        return cached
+    specs = None
+    if program.lowered.num_partitions > 1:
+        try:
+            from jaxlib import xla_client
+
+            module = xla_client.hlo.HloModule.from_serialized_hlo_module_proto(
+                program.executable.optimized_hlo_module())
+            specs = [parse_sharding(str(xla_client.HloSharding.from_proto(p)))
+                     for p in module.spmd_parameters_shardings] or None
+        except Exception as exc:  # noqa: BLE001 - unknown: the runtime's own shape check still guards the call
+            logger.debug("parameter shardings of program %s are unknown: %s", program.key[:12], exc)
+    _parameter_shardings[program.key] = specs
+    return specs
+
+
+_MISSING = object()
+_parameter_shardings: dict[str, Any] = {}
+
+
 # -- persistence ----------------------------------------------------------------------------
 
 

@@ -697,6 +697,24 @@ def _live_outputs(trace: _Trace) -> tuple[list[fx.Node], dict[fx.Node, list[Tens
     return nodes, holders
 
 
+#: program key -> positions of the inputs its compiled form wants laid out otherwise (usually none).
+_realign_positions: dict[str, list[int]] = {}
+
+
+def _realign_inputs(program: Any, trace: _Trace, columns: list[Any], vd: Any) -> None:
+    """Lay out again the inputs the compiled program wants in another sharding than the one they have."""
+    positions = _realign_positions.get(program.key)
+    entries = list(trace.inputs.values())
+    wanted = _executor.parameter_shardings(program) if positions is None or positions else None
+    if positions is None:
+        positions = [] if wanted is None else [i for i, e in enumerate(entries)
+                                               if i < len(wanted) and wanted[i] != e.node.meta["sharding"]]
+        _realign_positions[program.key] = positions
+    for i in positions:
+        meta, have = entries[i].node.meta["val"], entries[i].node.meta["sharding"]
+        columns[i] = _transfer.reshard_buffers(columns[i], meta.shape, meta.dtype, have, wanted[i], vd)
+
+
 def _execute(trace: _Trace) -> None:
     nodes, holders = _live_outputs(trace)
     if not nodes:
@@ -725,6 +743,7 @@ def _execute(trace: _Trace) -> None:
         columns.append(_scalar_buffers(trace.scalars, vd))
     graph.output(tuple(nodes))
     program = _executor.compile_graph(graph, vd, signature=signature)
+    _realign_inputs(program, trace, columns, vd)
     outputs = _executor.execute_program(program, columns, vd)
     for j, node in enumerate(nodes):
         spec = program.output_shardings[j]

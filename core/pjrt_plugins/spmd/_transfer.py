@@ -318,3 +318,14 @@ def gather(data: TensorData) -> torch.Tensor:
     check_current(data, vd)
     assert data.buffers is not None and data.sharding is not None
     return gather_shards(data.shape, data.dtype, data.sharding, data.buffers, vd.device_ids)
+
+
+def reshard_buffers(buffers: Sequence[Any], shape: Sequence[int], dtype: torch.dtype, have: ShardingSpec,
+                    want: ShardingSpec, vd: VirtualDevice) -> list[Any]:
+    """The tensor held by ``buffers`` (laid out by ``have``) laid out by ``want`` instead: gathered, uploaded again.
+
+    For the rare program XLA compiles for other argument shardings than the ones its module
+    declared (the identity of an unevenly tiled tensor is compiled for a replicated one).
+    """
+    host = gather_shards(tuple(shape), dtype, have, list(buffers), vd.device_ids)
+    return upload_host_tensor(host, want, vd, owned=True)

@@ -101,6 +101,28 @@ def _scatter_region(op: Any, dtype: torch.dtype, reduce: str | None) -> None:
         hlo.return_([r])
 
 
+def _replicated_if_uneven(em: Emitter, v: TensorValue) -> TensorValue:
+    """``v`` pinned replicated when some sharding could split one of its dimensions unevenly.
+
+    XLA's SPMD partitioner aborts the process (``spmd_partitioner_util.h:117 Check failed``)
+    on a scatter whose operand, indices or updates are tiled unevenly. A dimension that the
+    device count divides is split evenly by every tiling (a tile count divides the device count).
+    """
+    n = em.options.num_partitions
+    if n <= 1 or all(size % n == 0 for size in v.shape):
+        return v
+    op = hlo.CustomCallOp([v.value.type], [v.value], "Sharding")
+    op.attributes["mhlo.sharding"] = ir.StringAttr.get("{replicated}")
+    return TensorValue(op.results[0], v.shape, v.dtype)
+
+
+def _scatter_op(em: Emitter, x: TensorValue, starts: TensorValue, updates: TensorValue, dnums: Any) -> Any:
+    """``stablehlo.scatter`` of ``updates`` into ``x`` at ``starts`` (its region is added by the caller)."""
+    x, starts, updates = (_replicated_if_uneven(em, v) for v in (x, starts, updates))
+    return hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [updates.value], dnums,
+                         indices_are_sorted=False, unique_indices=False)
+
+
 def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values: TensorValue,
                   reduce: str | None) -> TensorValue:
     """``x`` with ``x[pre, idx, post] = values`` along dimension ``d``, or combined with ``reduce`` (``"sum"``, ...)."""
@@ -126,8 +148,7 @@ def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values:
         index_vector_dim=1,
     )
     starts = em.reshape(flat, (k, 1))
-    op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
-                       indices_are_sorted=False, unique_indices=False)
+    op = _scatter_op(em, x, starts, upd, dnums)
     _scatter_region(op, x.dtype, reduce)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
@@ -221,8 +242,7 @@ def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence
         scattered_dims_to_operand_dims=positions,
         index_vector_dim=starts.rank - 1,
     )
-    op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [upd.value], dnums,
-                       indices_are_sorted=False, unique_indices=False)
+    op = _scatter_op(em, x, starts, upd, dnums)
     _scatter_region(op, x.dtype, "sum" if accumulate else None)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
@@ -300,8 +320,7 @@ def scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, sr
         scattered_dims_to_operand_dims=list(range(x.rank)),
         index_vector_dim=index.rank,
     )
-    op = hlo.ScatterOp([tensor_type(x.shape, x.dtype)], [x.value], starts.value, [em.convert(src, x.dtype).value], dnums,
-                       indices_are_sorted=False, unique_indices=False)
+    op = _scatter_op(em, x, starts, em.convert(src, x.dtype), dnums)
     _scatter_region(op, x.dtype, reduce)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
