@@ -1,5 +1,5 @@
 """What the benchmark scripts share: the CPU plugin's library, interleaved timing rounds, fixed-width
-tables, and a jax worker process.
+tables, and worker processes (jax, another torch).
 
 Imported by the scripts next to it (``python benchmarks/<name>.py`` puts this folder on
 ``sys.path``). Measures and formats only: never asserts a timing.
@@ -70,33 +70,32 @@ class Table:
         return self.sep.join([f"{name:<{width}}", *(f"{v:>{w}{fmt}}" for v, (_, w, fmt) in zip(values, rest))])
 
 
-class JaxWorker:
-    """The calling benchmark script re-run with ``--jax-worker`` as a jax process on ``devices`` host devices.
+class Worker:
+    """The calling benchmark script re-run as a worker process with ``flag`` (by ``python``, default ours).
 
-    Two XLA runtimes do not share a process, so jax runs in its own (``JAX_PLATFORMS=cpu``,
-    ``--xla_force_host_platform_device_count``); it speaks one JSON line per command (see
-    :func:`serve_jax_commands`). ``info`` is its first line, sent once it is ready::
+    A peer that cannot share our process (another XLA runtime, another torch) runs there and speaks
+    one JSON line per command (see :func:`serve_commands`). ``info`` is its first line, sent once it
+    is ready::
 
-        with JaxWorker(__file__, ["--size-mib", "256"], devices=8) as worker:
-            worker.info["version"]; result = worker.request("run", "cols")
+        with Worker(__file__, ["--steps", "5"], flag="--torch-xla-worker", python=other) as worker:
+            worker.info["version"]; result = worker.request("run", 5)
     """
 
-    def __init__(self, script: str, arguments: Sequence[str], devices: int) -> None:
-        env = dict(os.environ)
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
-        env["JAX_PLATFORMS"] = "cpu"
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    def __init__(self, script: str, arguments: Sequence[str], *, flag: str, python: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, script, "--jax-worker", *arguments],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            [python or sys.executable, script, flag, *arguments],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, **(env or {})},
         )
+        self.flag = flag
         self.info = self._read()
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("the jax worker exited (is jax installed?); run the script with --jax-worker to see why")
+            raise RuntimeError(f"the worker exited; run the script with {self.flag} to see why")
         return json.loads(line)
 
     def request(self, *words: object) -> dict[str, Any]:
@@ -112,15 +111,32 @@ class JaxWorker:
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
-    def __enter__(self) -> JaxWorker:
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def serve_jax_commands(ready: dict[str, Any], handle: Callable[[list[str]], dict[str, Any]]) -> int:
-    """The worker's side of :class:`JaxWorker`: print ``ready``, then answer each command line on stdin
+class JaxWorker(Worker):
+    """A :class:`Worker` running jax (``--jax-worker``) on ``devices`` host devices.
+
+    Two XLA runtimes do not share a process, so jax runs in its own (``JAX_PLATFORMS=cpu``,
+    ``--xla_force_host_platform_device_count``)::
+
+        with JaxWorker(__file__, ["--size-mib", "256"], devices=8) as worker:
+            worker.info["version"]; result = worker.request("run", "cols")
+    """
+
+    def __init__(self, script: str, arguments: Sequence[str], devices: int) -> None:
+        flags = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+        env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu",
+               "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
+        super().__init__(script, arguments, flag="--jax-worker", env=env)
+
+
+def serve_commands(ready: dict[str, Any], handle: Callable[[list[str]], dict[str, Any]]) -> int:
+    """The worker's side of :class:`Worker`: print ``ready``, then answer each command line on stdin
     with ``handle(words)`` as one JSON line, until ``quit`` or the end of input."""
     print(json.dumps(ready), flush=True)
     for line in sys.stdin:

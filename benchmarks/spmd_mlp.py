@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from _measure import JaxWorker, serve_jax_commands
+from _measure import JaxWorker, serve_commands
 
 GOAL = 1.3
 LR = 0.01
@@ -83,7 +83,7 @@ def jax_worker(batch: int, width: int, hidden: int) -> int:
             dispatch.append(t1 - t0)
         return {"times": times, "dispatch": dispatch, "loss": float(loss), "compiles": train._cache_size()}
 
-    return serve_jax_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
+    return serve_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
 
 
 # -- ours ------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from _measure import JaxWorker, serve_jax_commands
+from _measure import JaxWorker, serve_commands
 
 GOAL = 1.2
 #: Partition specs measured: (label, ours, jax's PartitionSpec entries).
@@ -58,7 +58,7 @@ def jax_worker(size_mib: int, devices: int) -> int:
         del array, back
         return {"upload": t1 - t0, "gather": t2 - t1, "ok": ok, "shard_bytes": shard_bytes}
 
-    return serve_jax_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
+    return serve_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
 
 
 # -- ours ---------------------------------------------------------------------------------------------
