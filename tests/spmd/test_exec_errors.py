@@ -67,7 +67,7 @@ def test_a_failed_graph_leaves_its_tensors_with_a_clear_error(engine, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("compiler exploded")
 
-    monkeypatch.setattr(_executor, "compile_graph", broken)
+    monkeypatch.setattr(_executor, "program_for", broken)
     with pytest.raises(RuntimeError, match="compiler exploded"):
         xs.sync()
     monkeypatch.undo()

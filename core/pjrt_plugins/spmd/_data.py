@@ -148,6 +148,21 @@ class TensorData:
         data.set_lazy(value)
         return data
 
+    @classmethod
+    def pending(cls, shape: tuple[int, ...], dtype: torch.dtype, value: Any) -> TensorData:
+        """:meth:`from_lazy` for the tracer's hot path: ``shape`` is already a tuple of ints."""
+        data = cls.__new__(cls)
+        data.shape = shape
+        data.dtype = dtype
+        data.state = TensorState.LAZY
+        data.host = data.buffers = data.sharding = data.annotation = data.mark = None
+        data.lazy = value
+        data.generation = 0
+        data.id = _next_id()
+        data.version = 1
+        data.uninitialized = False
+        return data
+
     # -- state changes -------------------------------------------------------------------
 
     def set_host(self, tensor: torch.Tensor, *, copy: bool = True) -> None:

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -241,21 +241,27 @@ class CompiledProgram:
 
 
 class _ProgramCache:
+    """The in-memory LRU of compiled programs, keyed by any hashable that determines the program.
+
+    Keys are compared for equality, not only hashed, so two graphs whose keys collide in
+    their hash can never share a program.
+    """
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.programs: OrderedDict[str, CompiledProgram] = OrderedDict()
+        self.programs: OrderedDict[Hashable, CompiledProgram] = OrderedDict()
 
-    def get(self, key: str) -> CompiledProgram | None:
+    def get(self, key: Hashable) -> CompiledProgram | None:
         with self.lock:
             program = self.programs.get(key)
             if program is not None:
                 self.programs.move_to_end(key)
             return program
 
-    def put(self, program: CompiledProgram) -> None:
+    def put(self, key: Hashable, program: CompiledProgram) -> None:
         with self.lock:
-            self.programs[program.key] = program
-            self.programs.move_to_end(program.key)
+            self.programs[key] = program
+            self.programs.move_to_end(key)
             while len(self.programs) > MEMORY_CACHE_SIZE:
                 self.programs.popitem(last=False)
 
@@ -433,19 +439,34 @@ def compile_graph(graph: fx.Graph, vd: Any = None, *, options: LoweringOptions |
     ``signature`` (optional) is a hashable-by-repr description that determines the graph
     (see :func:`program_key`).
     """
-    global _last_program
     vd = vd if vd is not None else _virtual_device()
     options = options or lowering_options(vd)
     key = program_key(graph, options, plugin_identity(vd), signature)
+    return program_for(key, lambda: graph, vd, options, disk_key=key)
+
+
+def program_for(key: Hashable, build_graph: Callable[[], fx.Graph], vd: Any, options: LoweringOptions, *,
+                disk_key: str | None = None) -> CompiledProgram:
+    """The program cached in memory under ``key``; on a miss, ``build_graph()`` is loaded from the cache
+    directory or compiled.
+
+    ``key`` is any hashable that determines the graph together with ``options`` and the
+    plugin (the tracer's is a tuple, so a hit costs a tuple hash and comparison, and the
+    graph is never built then). ``disk_key`` names the program in the cache directory
+    (default: :func:`program_key` of the built graph).
+    """
+    global _last_program
     program = _cache.get(key)
     if program is not None and not _executable_stale(program, vd):
         count("cache_hits")
     else:
-        program = _load_persisted(key, graph, options, vd)
+        graph = build_graph()
+        disk_key = disk_key or program_key(graph, options, plugin_identity(vd))
+        program = _load_persisted(disk_key, graph, options, vd)
         if program is None:
-            program = _compile(key, graph, options, vd)
+            program = _compile(disk_key, graph, options, vd)
             _persist(program)
-        _cache.put(program)
+        _cache.put(key, program)
     _last_program = program
     return program
 
@@ -695,6 +716,7 @@ __all__ = [
     "compile_graph",
     "compiled_programs",
     "execute_program",
+    "program_for",
     "last_program",
     "lowering_options",
     "manual_seed",

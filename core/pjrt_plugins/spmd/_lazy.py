@@ -1,14 +1,13 @@
 """Lazy tracing: ATen ops on ``pjrt`` tensors are recorded into one pending graph and run at materialization.
 
-``dispatch`` (called from ``XLAShardedTensor.__torch_dispatch__``) records an op, decomposing
-non-lowered ops with torch's decompositions and computing output shapes on meta tensors;
-``materialize`` / ``sync`` lower the pending graph, compile it (cached) and execute it, leaving
-the results on the devices. Never moves bytes itself except through ``_transfer``.
+``dispatch`` (called from ``XLAShardedTensor.__torch_dispatch__``) records an op as one compact
+entry (decomposing non-lowered ops with torch's decompositions); ``materialize`` / ``sync`` look
+the trace's program up in the compile cache, build its torch.fx graph only on a miss, and execute
+it, leaving the results on the devices. Never moves bytes itself except through ``_transfer``.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import operator
 import re
@@ -16,7 +15,6 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,8 +28,10 @@ from ._device import TORCH_DEVICE, virtual_device
 from ._lowering import (
     ScalarSlot,
     decomposition_for,
+    foreach_plan,
     functional_variant,
     has_lowering,
+    is_foreach,
     is_inplace,
     op_name,
     refuse_generator,
@@ -40,6 +40,7 @@ from ._sharding import ShardingSpec
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten
+_LAZY, _HOST, _DEVICE = TensorState.LAZY, TensorState.HOST, TensorState.DEVICE
 
 __all__ = [
     "LazyValue",
@@ -54,13 +55,24 @@ __all__ = [
 
 
 # =====================================================================================
-# the pending graph
+# the pending trace
 # =====================================================================================
+#
+# Recording keeps, per op, one small hashable *entry*: ``(op id, argument keys, keyword keys)``
+# where a tensor is the position of its value in the trace and a constant is tagged with its
+# type (``1``, ``1.0`` and ``True`` are equal in Python, their keys are not). Inputs are
+# ``(_INPUT, shape, dtype, sharding token)``. Consecutive entries walk a prefix tree of
+# ``_Step``s that remember each op's output shapes, so an op seen before in the same place
+# needs no shape inference, and the step a trace ends on names its whole sequence: with the
+# live outputs, the sharding pins, the lowering options and the plugin, it is the key of the
+# compiled program. The torch.fx graph is built from the entries only when that key misses.
+
+_INPUT = 0  # entry kind of a graph input; operators are numbered from 1
+_GETITEM = -1  # entry kind of one result of a multi-output operator: (_GETITEM, op position, i)
 
 
-@dataclass(eq=False)
 class LazyValue:
-    """What ``TensorData.lazy`` holds: a node of a pending trace, and the base if it is a view.
+    """What ``TensorData.lazy`` holds: a value of a pending trace (``index``: its entry), and the base if it is a view.
 
     ``view_op``/``view_args`` say how the value was derived from ``base`` so that an
     in-place op on the view can be written back into the base. ``keep_sharding`` is the
@@ -69,38 +81,67 @@ class LazyValue:
     repeated step compiles once.
     """
 
-    trace: _Trace
-    node: fx.Node
-    base: weakref.ref[TensorData] | None = None
-    view_op: Any = None
-    view_args: tuple = ()
-    keep_sharding: ShardingSpec | None = None
+    __slots__ = ("trace", "index", "base", "view_op", "view_args", "keep_sharding")
+
+    def __init__(self, trace: _Trace, index: int) -> None:
+        self.trace = trace
+        self.index = index
+        self.base: weakref.ref[TensorData] | None = None
+        self.view_op: Any = None
+        self.view_args: tuple = ()
+        self.keep_sharding: ShardingSpec | None = None
 
 
-@dataclass(eq=False)
 class _Input:
-    """A graph input: the device buffers a placeholder stands for, fixed at record time."""
+    """A graph input: the device buffers its entry stands for, fixed at record time."""
 
-    node: fx.Node
-    buffers: list[Any]
-    generation: int
+    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype")
+
+    def __init__(self, data: TensorData) -> None:
+        assert data.buffers is not None and data.sharding is not None
+        self.buffers = list(data.buffers)
+        self.generation = data.generation
+        self.sharding = data.sharding
+        self.shape = data.shape
+        self.dtype = data.dtype
 
 
-@dataclass(eq=False)
+class _Step:
+    """A node of the prefix tree of recorded entries: the output spec of the entry leading here."""
+
+    __slots__ = ("next", "out")
+
+    def __init__(self, out: Any) -> None:
+        self.next: dict[tuple, _Step] = {}
+        self.out = out
+
+
+_root = _Step(None)
+_steps = 0
+#: Prefix-tree nodes kept before the tree starts over (a few hundred bytes each).
+_MAX_STEPS = 250_000
+
+
 class _Trace:
-    """One pending graph: its nodes, its inputs (fixed at record time) and the tensors it feeds."""
+    """One pending trace: its entries (with output specs), inputs, run-time scalars and the tensors it feeds."""
 
-    graph: fx.Graph = field(default_factory=fx.Graph)
-    inputs: dict[tuple[int, int], _Input] = field(default_factory=dict)
-    #: One entry per node, in recording order: what the compile cache key is made of.
-    signature: list[tuple] = field(default_factory=list)
-    #: Values of the run-time scalars (ScalarSlot index -> value), passed as one float64 input.
-    scalars: list[float] = field(default_factory=list)
-    #: Weak references to every TensorData whose lazy value lives in this trace.
-    values: list[weakref.ref[TensorData]] = field(default_factory=list)
-    ops: int = 0
-    error: BaseException | None = None
-    done: bool = False
+    __slots__ = ("entries", "outs", "cursor", "inputs", "input_ids", "scalars", "values", "pins", "ops", "error",
+                 "done")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+        self.outs: list[Any] = []  # per entry: its output spec (see _out_spec)
+        self.cursor = _root
+        self.inputs: list[_Input] = []  # in entry order, which is the module's argument order
+        self.input_ids: dict[tuple[int, int], int] = {}  # (data id, version) -> entry index
+        #: Values of the run-time scalars (ScalarSlot index -> value), passed as one float64 input.
+        self.scalars: list[float] = []
+        #: Weak references to every TensorData whose lazy value lives in this trace.
+        self.values: list[weakref.ref[TensorData]] = []
+        self.pins: dict[int, ShardingSpec] = {}  # entry index -> sharding constraint (mark_sharding)
+        self.ops = 0
+        self.error: BaseException | None = None
+        self.done = False
 
 
 _lock = threading.RLock()
@@ -108,8 +149,10 @@ _trace: _Trace | None = None
 
 
 def _current_trace() -> _Trace:
-    global _trace
+    global _trace, _root, _steps
     if _trace is None:
+        if _steps > _MAX_STEPS:
+            _root, _steps = _Step(None), 0  # programs found through the old tree stay in the compile cache
         _trace = _Trace()
     return _trace
 
@@ -151,95 +194,231 @@ def manual_seed(seed: int) -> None:
 
 
 # =====================================================================================
+# operators
+# =====================================================================================
+
+#: Ops whose Python float arguments are plain arithmetic operands: those become run-time scalars
+#: (``ScalarSlot``), so a learning rate or an Adam bias correction that changes every step does not
+#: change the program. Values some lowering special-cases stay constants.
+_LIFTED_OPS = {"add", "sub", "rsub", "mul", "div", "pow", "clamp", "clamp_min", "clamp_max", "masked_fill", "where",
+               "full", "full_like", "fill", "new_full", "lerp", "addcmul", "addcdiv"}
+_SPECIAL_VALUES = {0.0, 1.0, -1.0, 2.0, 3.0, 0.5, -0.5}
+_FOREACH_PREFIX = "_foreach_"
+#: The dispatch key of the foreach ops' kernels that loop over the per-tensor ops.
+_COMPOSITE_EXPLICIT = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+class _OpInfo:
+    """What the tracer needs to know about one operator, worked out once per process."""
+
+    __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "is_view",
+                 "foreach", "is_overload", "out_variant", "maskable")
+
+    def __init__(self, func: Any, op_id: int) -> None:
+        self.func = func
+        self.id = op_id
+        self.name = op_name(func)
+        self.node_name = _CAMEL_HUMP.sub(r"_\1", getattr(func, "__name__", "op")).lower()
+        self.is_overload = isinstance(func, torch._ops.OpOverload)
+        self.inplace = is_inplace(func)
+        self.functional = functional_variant(func) if self.inplace else None
+        self.foreach = is_foreach(func)
+        packet = getattr(func, "overloadpacket", None)
+        base = packet.__name__ if packet is not None else ""
+        self.lifts = base.removeprefix(_FOREACH_PREFIX) in _LIFTED_OPS
+        self.is_view = bool(getattr(func, "is_view", False))
+        self.out_variant = _fallback.is_out_variant(func)
+        # Indexing that a boolean mask makes data-dependent (the fallback's rule, asked once with a mask).
+        self.maskable = _fallback.data_dependent(func, (None, [_MASK_PROBE]))
+        plan = foreach_plan(func) if self.foreach else None
+        # A foreach op is recorded whole when its per-tensor op is: one with run-time scalars
+        # only when that op is lowered by hand (a traced decomposition would bake the values).
+        self.recordable = has_lowering(func) or (
+            plan is not None and (has_lowering(plan.element) or (not self.lifts and decomposition_for(plan.element))))
+
+
+_CAMEL_HUMP = re.compile(r"(?<=[a-z])([A-Z])")
+_MASK_PROBE = torch.empty(0, dtype=torch.bool)
+#: id(operator) -> its info (the info keeps the operator alive, so ids are never reused).
+_op_infos: dict[int, _OpInfo] = {}
+_ops_by_id: list[_OpInfo | None] = [None]
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _op_infos.get(id(func))
+    if info is None:
+        with _lock:
+            info = _op_infos.get(id(func))
+            if info is None:
+                info = _OpInfo(func, len(_ops_by_id))
+                _ops_by_id.append(info)
+                _op_infos[id(func)] = info
+    return info
+
+
+# Sharding tokens: small ints standing for ShardingSpec values in keys (equal specs, one token).
+_spec_tokens: dict[ShardingSpec, int] = {}
+_spec_tokens_by_id: dict[int, tuple[ShardingSpec, int]] = {}
+
+
+def _spec_token(spec: ShardingSpec) -> int:
+    hit = _spec_tokens_by_id.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    token = _spec_tokens.get(spec)
+    if token is None:
+        token = _spec_tokens[spec] = len(_spec_tokens) + 1
+    if len(_spec_tokens_by_id) > 4096:
+        _spec_tokens_by_id.clear()
+    _spec_tokens_by_id[id(spec)] = (spec, token)
+    return token
+
+
+# =====================================================================================
 # recording
 # =====================================================================================
 
 
 _tensor_mod: Any = None
+_XST: Any = None  # the XLAShardedTensor class
 
 
 def _tensor_module() -> Any:
     """``spmd.tensor`` (imported late: it imports this module); cached, the tracer asks on every op."""
-    global _tensor_mod
+    global _tensor_mod, _XST
     if _tensor_mod is None:
         from . import tensor
 
-        _tensor_mod = tensor
+        _tensor_mod, _XST = tensor, tensor.XLAShardedTensor
     return _tensor_mod
 
 
-def _map_args(fn: Any, value: Any) -> Any:
-    """``pytree.tree_map(fn, value)`` for operator arguments, without its per-call cost on the hot path.
+class _Unique:
+    """Tags a constant the tracer cannot key by value: its entry equals no other, so the step compiles anew."""
 
-    Plain tuples, lists and dicts (all an ATen call passes) are walked here, in pytree's
-    order; any other container pytree knows (torch.Size, named tuples, ...) goes to pytree.
-    """
+    __slots__ = ()
+
+
+_BARE_CONSTANTS = frozenset({str, torch.dtype, torch.device, torch.layout, torch.memory_format})
+_INF = float("inf")
+
+
+def _key(trace: _Trace, value: Any, lift: bool) -> Any:
+    """The key of one operator argument (see the note at the top); registers inputs and run-time scalars."""
     kind = type(value)
-    if kind is tuple:
-        return tuple([_map_args(fn, v) for v in value])
-    if kind is list:
-        return [_map_args(fn, v) for v in value]
-    if kind is dict:
-        return {k: _map_args(fn, v) for k, v in value.items()}
-    if isinstance(value, (tuple, list, dict, collections.deque)):
-        return pytree.tree_map(fn, value)
-    return fn(value)
+    if kind is _XST:
+        return _ref(trace, value._pjrt_data)
+    if kind is int:
+        return (int, value)
+    if kind is float:
+        if lift and value not in _SPECIAL_VALUES and value == value and value != _INF and value != -_INF:
+            trace.scalars.append(value)
+            return (ScalarSlot, len(trace.scalars) - 1)
+        return (float, value) if value and value == value else (float, repr(value))  # -0.0 and nan by text
+    if kind is list or kind is tuple:
+        return (kind, tuple([_key(trace, v, lift) for v in value]))
+    if kind is bool:
+        return (bool, value)
+    if value is None or kind in _BARE_CONSTANTS:
+        return value
+    if isinstance(value, _XST):
+        return _ref(trace, value._pjrt_data)
+    if isinstance(value, torch.Tensor):
+        return _cpu_ref(trace, value)
+    if isinstance(value, (list, tuple)):  # torch.Size, named tuples
+        return (tuple, tuple([_key(trace, v, lift) for v in value]))
+    return (_Unique(), value)
 
 
-def _input_node(trace: _Trace, data: TensorData) -> fx.Node:
-    """The placeholder for a HOST or DEVICE ``data`` (uploading HOST data now, with its annotation)."""
-    if data.state is TensorState.HOST:
+def _value_of(key: Any, nodes: list[fx.Node], scalars: list[float]) -> Any:
+    """The graph argument a key stands for (the inverse of ``_key``, tensors as their nodes)."""
+    kind = type(key)
+    if kind is int:
+        return nodes[key]
+    if kind is not tuple:
+        return key
+    tag = key[0]
+    if tag is float:
+        return key[1] if type(key[1]) is float else float(key[1])
+    if tag is ScalarSlot:
+        return ScalarSlot(scalars[key[1]], key[1])
+    if tag is list:
+        return [_value_of(k, nodes, scalars) for k in key[1]]
+    if tag is tuple:
+        return tuple(_value_of(k, nodes, scalars) for k in key[1])
+    return key[1]  # int, bool, _Unique
+
+
+def _lifts_here(args: tuple, kwargs: dict) -> bool:
+    """Whether a lifting op computes in floating point here (its floats become run-time scalars)."""
+    dtype = kwargs.get("dtype")
+    if dtype is not None:
+        return dtype.is_floating_point
+    saw_tensor = False
+    for a in args:
+        if type(a) is list and a:
+            a = a[0]
+        if isinstance(a, torch.Tensor):
+            if a.dtype.is_floating_point:
+                return True
+            saw_tensor = True
+    return not saw_tensor  # a factory (full) of a float: the default dtype
+
+
+def _ref(trace: _Trace, data: TensorData) -> int:
+    """The entry index of ``data``'s value in ``trace``: its pending value, or a new input."""
+    state = data.state
+    if state is _LAZY:
+        value: LazyValue = data.lazy
+        if value.trace is trace:
+            return value.index
+        _raise_stale(value)
+    if state is _HOST:
+        if data.uninitialized:
+            return _unwritten(trace, data)
         _transfer.upload(data, data.annotation)
-    _transfer.check_current(data)
     key = (data.id, data.version)
-    entry = trace.inputs.get(key)
-    if entry is None:
-        assert data.buffers is not None and data.sharding is not None
-        node = _placeholder(trace, data)
-        entry = _Input(node, list(data.buffers), data.generation)
-        trace.inputs[key] = entry
-    return entry.node
+    index = trace.input_ids.get(key)
+    if index is None:
+        _transfer.check_current(data)
+        entry = (_INPUT, data.shape, data.dtype, _spec_token(data.sharding))
+        index = _append(trace, entry, ("T", data.shape, data.dtype))
+        trace.input_ids[key] = index
+        trace.inputs.append(_Input(data))
+    return index
 
 
-def _placeholder(trace: _Trace, data: TensorData) -> fx.Node:
-    node = trace.graph.placeholder(f"in{len(trace.inputs)}")
-    node.meta["val"] = data.meta()
-    node.meta["sharding"] = data.sharding
-    return _new_node(trace, node, ("in", data.shape, str(data.dtype), data.sharding.to_hlo()))
+def _append(trace: _Trace, entry: tuple, out: Any) -> int:
+    """Add an entry whose output spec is known without shape inference (an input)."""
+    global _steps
+    step = trace.cursor.next.get(entry)
+    if step is None:
+        step = trace.cursor.next[entry] = _Step(out)
+        _steps += 1
+    trace.cursor = step
+    trace.entries.append(entry)
+    trace.outs.append(step.out)
+    return len(trace.entries) - 1
 
 
-def _cpu_input_node(trace: _Trace, tensor: torch.Tensor) -> fx.Node:
+def _cpu_ref(trace: _Trace, tensor: torch.Tensor) -> int:
     """A CPU tensor used with pjrt tensors (an index, a scalar tensor): uploaded replicated as an input."""
-    return _input_node(trace, TensorData.from_host(tensor.detach()))
-
-
-def _node_of(trace: _Trace, tensor: torch.Tensor) -> fx.Node:
-    tmod = _tensor_module()
-    if isinstance(tensor, tmod.XLAShardedTensor):
-        data = tensor._pjrt_data
-        if data.state is TensorState.LAZY:
-            value: LazyValue = data.lazy
-            if value.trace is not trace:
-                _raise_stale(value)
-            return value.node
-        if data.state is TensorState.HOST and data.uninitialized:
-            return _unwritten_node(data)
-        return _input_node(trace, data)
     if tensor.device.type == "meta":
         raise VirtualDeviceError("a meta tensor cannot be combined with pjrt tensors")
     if tensor.device.type != "cpu":
         raise VirtualDeviceError(f"cannot combine a tensor on {tensor.device} with pjrt tensors; move it to the CPU "
                                  "or to pjrt first")
-    return _cpu_input_node(trace, tensor)
+    return _ref(trace, TensorData.from_host(tensor.detach()))
 
 
-def _unwritten_node(data: TensorData) -> fx.Node:
+def _unwritten(trace: _Trace, data: TensorData) -> int:
     """Contents nobody wrote (``torch.empty``) read by an op: zeros made on the devices, nothing uploaded.
 
     ``torch.randn(..., device="pjrt")`` is ``empty`` + ``normal_``, which overwrites them anyway.
     """
-    zeros = _record(aten.zeros.default, (list(data.shape),), {"dtype": data.dtype, "device": TORCH_DEVICE})
-    return zeros._pjrt_data.lazy.node
+    value = _record(_op_info(aten.zeros.default), (list(data.shape),),
+                    {"dtype": data.dtype, "device": TORCH_DEVICE}, wrap=False)
+    return value.index
 
 
 def _raise_stale(value: LazyValue) -> None:
@@ -269,32 +448,37 @@ def _meta_kwargs(kwargs: dict) -> dict:
 
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``func(*args, **kwargs)`` on pjrt tensors; returns pjrt tensors holding pending values."""
-    kwargs = kwargs or {}
-    refuse_generator(func, kwargs)
+    info = _op_infos.get(id(func)) or _op_info(func)
+    if kwargs:
+        refuse_generator(func, kwargs)
+    else:
+        kwargs = {}
     with _lock:
-        if kwargs and _fallback.is_out_variant(func):
+        if kwargs and info.out_variant:
             functional = _fallback.functional_of_out(func)
             if functional is not None:
                 return _fallback.run_out_variant(func, args, kwargs, functional)
             return _fallback.refuse_or_run(func, args, kwargs)
-        if is_inplace(func):
-            return _dispatch_inplace(func, args, kwargs)
-        if _fallback.data_dependent(func, args):
+        if info.inplace:
+            return _dispatch_inplace(info, args, kwargs)
+        if info.maskable and _fallback.data_dependent(func, args):
             return _fallback.refuse_or_run(func, args, kwargs, DataDependentShapeError(
-                op_name(func), f"{op_name(func)} with a boolean mask has a data-dependent result and the CPU "
+                info.name, f"{info.name} with a boolean mask has a data-dependent result and the CPU "
                 "fallback is off; use torch.where / masked_fill, or turn the fallback on"))
-        if has_lowering(func):
+        if info.recordable:
             try:
-                return _record(func, args, kwargs)
+                return _record(info, args, kwargs)
             except DataDependentShapeError as exc:
                 return _fallback.refuse_or_run(func, args, kwargs, exc)
         if func is aten.equal.default:
             return bool(torch.all(torch.eq(args[0], args[1])).item()) if args[0].shape == args[1].shape else False
+        if info.foreach:  # no per-tensor twin to record whole: torch's kernel calls the per-tensor ops
+            return func.redispatch(_COMPOSITE_EXPLICIT, *args, **kwargs)
         decomp = decomposition_for(func)
         if decomp is not None:
             return decomp(*args, **kwargs)
         # Composite ops (aten.to, aten.linear, ...) reach us below autograd: run their torch kernel.
-        result = func.decompose(*args, **kwargs) if isinstance(func, torch._ops.OpOverload) else NotImplemented
+        result = func.decompose(*args, **kwargs) if info.is_overload else NotImplemented
         if result is not NotImplemented:
             return result
         return _fallback.refuse_or_run(func, args, kwargs)
@@ -347,55 +531,36 @@ def _out_meta(spec: Any) -> Any:
     return None
 
 
-#: Ops whose Python float arguments are plain arithmetic operands: those become run-time scalars
-#: (``ScalarSlot``), so a learning rate or an Adam bias correction that changes every step does not
-#: change the program. Values some lowering special-cases stay constants.
-_LIFTED_OPS = {"add", "sub", "rsub", "mul", "div", "pow", "clamp", "clamp_min", "clamp_max", "masked_fill", "where",
-               "full", "full_like", "fill"}
-_SPECIAL_VALUES = {0.0, 1.0, -1.0, 2.0, 3.0, 0.5, -0.5}
-
-
-def _lifts_scalars(func: Any, meta_out: Any) -> bool:
-    packet = getattr(func, "overloadpacket", None)
-    return (packet is not None and packet.__name__ in _LIFTED_OPS and isinstance(meta_out, torch.Tensor)
-            and meta_out.dtype.is_floating_point)
-
-
-def _liftable(value: Any) -> bool:
-    return type(value) is float and value not in _SPECIAL_VALUES and value == value and abs(value) != float("inf")
-
-
 #: (op, argument specs) -> output spec: ops on the same shapes need their meta kernel run once.
 _meta_cache: dict[Any, Any] = {}
 _META_CACHE_SIZE = 65536
 
 
-def _output_meta(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Output shapes and dtypes of ``func`` on these arguments, from meta tensors (memoized)."""
-    packet = getattr(func, "overloadpacket", None)
-    any_float = packet is not None and packet.__name__ in _LIFTED_OPS
+def _output_spec(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
+    """The output spec of ``info.func`` on these arguments, from meta tensors (memoized); refuses non-tensor results."""
+    func = info.func
     try:
-        key = (func, _arg_spec(args, any_float), tuple(sorted((k, _arg_spec(v, any_float)) for k, v in kwargs.items())))
+        key = (func, _arg_spec(args, info.lifts), tuple(sorted((k, _arg_spec(v, info.lifts)) for k, v in kwargs.items())))
     except _Unkeyable:
         key = None
-    if key is not None:
-        spec = _meta_cache.get(key)
-        if spec is not None:
-            return _out_meta(spec)
-    try:
-        meta_out = func(*pytree.tree_map(_to_meta, args), **_meta_kwargs(kwargs))
-    except NotImplementedError as exc:
-        # Meta kernels refuse ops whose output shape depends on the data (nonzero, boolean masks).
-        raise DataDependentShapeError(op_name(func), f"{op_name(func)} cannot run on the pjrt device: its output "
-                                      f"shape is not known before running it ({exc}), and the CPU fallback is off. "
-                                      "Use a fixed-shape form (torch.where, masked_fill) or compute it on the "
-                                      "CPU.") from exc
-    spec = _out_spec(meta_out)
+    spec = _meta_cache.get(key) if key is not None else None
+    if spec is None:
+        try:
+            meta_out = func(*pytree.tree_map(_to_meta, args), **_meta_kwargs(kwargs))
+        except NotImplementedError as exc:
+            # Meta kernels refuse ops whose output shape depends on the data (nonzero, boolean masks).
+            raise DataDependentShapeError(info.name, f"{info.name} cannot run on the pjrt device: its output "
+                                          f"shape is not known before running it ({exc}), and the CPU fallback is "
+                                          "off. Use a fixed-shape form (torch.where, masked_fill) or compute it on "
+                                          "the CPU.") from exc
+        spec = _out_spec(meta_out)
+        if key is not None and _only_tensors(spec) and len(_meta_cache) < _META_CACHE_SIZE:
+            _meta_cache[key] = spec
     if not _only_tensors(spec):
-        return meta_out  # the caller refuses it with a clear error
-    if key is not None and len(_meta_cache) < _META_CACHE_SIZE:
-        _meta_cache[key] = spec
-    return _out_meta(spec)
+        kind = spec[1] if spec[0] == "X" else "list with non-tensors"
+        raise UnsupportedOpError(info.name, f"{info.name} returns a {kind}, which the pjrt device cannot give "
+                                 "before running the graph")
+    return spec
 
 
 def _only_tensors(spec: Any) -> bool:
@@ -405,182 +570,133 @@ def _only_tensors(spec: Any) -> bool:
     return spec[0] in ("L", "U") and all(s[0] == "N" or _only_tensors(s) for s in spec[1])
 
 
-def _sig(value: Any) -> Any:
-    """The signature of a recorded argument: nodes by their position in the trace, constants by value."""
-    if isinstance(value, fx.Node):
-        return value.meta["idx"]
-    if isinstance(value, ScalarSlot):
-        return ("slot", value.index)
-    if isinstance(value, (list, tuple)):
-        return tuple(_sig(v) for v in value)
-    if isinstance(value, float):
-        return ("f", repr(value))
-    if isinstance(value, _CONSTANT_TYPES):
-        return value if isinstance(value, (bool, int, str, type(None))) else str(value)
-    return repr(value)
-
-
-#: op -> the name fx would derive for its nodes (``add.Tensor`` -> ``add_tensor``): computed once per op.
-_node_names: dict[Any, str] = {}
-_CAMEL_HUMP = re.compile(r"(?<=[a-z])([A-Z])")
-
-
-def _node_name(func: Any) -> str:
-    name = _node_names.get(func)
-    if name is None:
-        name = _node_names[func] = _CAMEL_HUMP.sub(r"_\1", func.__name__).lower()
-    return name
-
-
-def _new_node(trace: _Trace, node: fx.Node, entry: tuple) -> fx.Node:
-    node.meta["idx"] = len(trace.signature)
-    trace.signature.append(entry)
-    return node
-
-
-def _record(func: Any, args: tuple, kwargs: dict) -> Any:
-    trace = _current_trace()
-    meta_out = _output_meta(func, args, kwargs)
-    tmod = _tensor_module()
-
-    lift = _lifts_scalars(func, meta_out)
-
-    def to_node(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return _node_of(trace, v)
-        if lift and _liftable(v):
-            trace.scalars.append(v)
-            return ScalarSlot(v, len(trace.scalars) - 1)
-        return v
-
-    node_args = tuple(_map_args(to_node, args))
-    node_kwargs = dict(_map_args(to_node, kwargs))
-    node = trace.graph.call_function(func, node_args, node_kwargs, name=_node_name(func))
-    name = op_name(func)
-    _new_node(trace, node, (name, _sig(node_args), tuple(sorted((k, _sig(v)) for k, v in node_kwargs.items())),
-                            _out_spec(meta_out)))
+def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True) -> Any:
+    """Record ``info.func(*args, **kwargs)``: pjrt tensors holding its pending results (``wrap=False``: the
+    LazyValues only, for a caller that assigns them to existing tensors)."""
+    global _steps
+    trace = _trace if _trace is not None else _current_trace()
+    if _XST is None:
+        _tensor_module()
+    lift = info.lifts and _lifts_here(args, kwargs)
+    entry = (info.id, tuple([_key(trace, a, lift) for a in args]),
+             tuple([(k, _key(trace, v, lift)) for k, v in kwargs.items()]) if kwargs else ())
+    cursor = trace.cursor
+    step = cursor.next.get(entry)
+    if step is None:
+        step = _Step(_output_spec(info, args, kwargs))
+        cursor.next[entry] = step
+        _steps += 1
+    trace.cursor = step
+    entries, outs = trace.entries, trace.outs
+    index = len(entries)
+    out = step.out
+    entries.append(entry)
+    outs.append(out)
     trace.ops += 1
-    _executor.count("ops_recorded")
-    base_info = None
-    if getattr(func, "is_view", False) and args and isinstance(args[0], tmod.XLAShardedTensor):
-        base_info = (weakref.ref(args[0]._pjrt_data), func, tuple(args[1:]))
-
-    def wrap_output(meta: Any, out_node: fx.Node) -> Any:
-        if not isinstance(meta, torch.Tensor):
-            raise UnsupportedOpError(name, f"{name} returns a {type(meta).__name__}, which the pjrt device cannot "
-                                     "give before running the graph")
-        out_node.meta["val"] = meta
-        value = LazyValue(trace, out_node)
-        if base_info is not None:
-            value.base, value.view_op, value.view_args = base_info
-        data = TensorData.from_lazy(tuple(meta.shape), meta.dtype, value)
-        trace.values.append(weakref.ref(data))
-        return tmod.wrap(data)
-
-    if isinstance(meta_out, torch.Tensor):
-        return wrap_output(meta_out, node)
-    if isinstance(meta_out, (tuple, list)):
-        node.meta["val"] = tuple(meta_out)
-        outs = []
-        for i, m in enumerate(meta_out):
-            if m is None:
-                outs.append(None)
-                continue
-            item = trace.graph.call_function(operator.getitem, (node, i), name="getitem")
-            _new_node(trace, item, ("getitem", node.meta["idx"], i))
-            outs.append(wrap_output(m, item))
-        return type(meta_out)(outs) if isinstance(meta_out, tuple) else outs
-    raise UnsupportedOpError(name, f"{name} returns a {type(meta_out).__name__}, which the pjrt device cannot give "
-                             "before running the graph")
+    if out[0] == "T":
+        value = LazyValue(trace, index)
+        if info.is_view and args and isinstance(args[0], _XST):
+            value.base, value.view_op, value.view_args = weakref.ref(args[0]._pjrt_data), info.func, tuple(args[1:])
+        return _wrap_value(trace, value, out) if wrap else value
+    results = []
+    for i, item in enumerate(out[1]):
+        if item[0] == "N":
+            results.append(None)
+            continue
+        value = LazyValue(trace, len(entries))
+        entries.append((_GETITEM, index, i))
+        outs.append(item)
+        results.append(_wrap_value(trace, value, item) if wrap else value)
+    return results if out[0] == "L" else tuple(results)
 
 
-def _dispatch_inplace(func: Any, args: tuple, kwargs: dict) -> Any:
+def _wrap_value(trace: _Trace, value: LazyValue, out: Any) -> Any:
+    data = TensorData.pending(out[1], out[2], value)
+    trace.values.append(weakref.ref(data))
+    return _tensor_mod.wrap(data)
+
+
+def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     """``x.op_(...)``: record the functional op and make ``x`` (and the tensor it views) hold the result."""
-    tmod = _tensor_module()
+    func = info.func
+    if _XST is None:
+        _tensor_module()
+    if info.foreach:
+        return _dispatch_foreach_inplace(info, args, kwargs)
     target = args[0]
-    if not isinstance(target, tmod.XLAShardedTensor):
-        raise VirtualDeviceError(f"{op_name(func)} writes into a tensor on {target.device} from pjrt tensors; "
+    if not isinstance(target, _XST):
+        raise VirtualDeviceError(f"{info.name} writes into a tensor on {target.device} from pjrt tensors; "
                                  "move the result with .cpu() instead")
-    functional = functional_variant(func)
+    functional = info.functional
     if functional is None:
         return _fallback.refuse_or_run(func, args, kwargs, UnsupportedOpError(
-            op_name(func), f"in-place operator {op_name(func)} has no functional form the pjrt device can run, and "
+            info.name, f"in-place operator {info.name} has no functional form the pjrt device can run, and "
             "the CPU fallback is off"))
-    result = dispatch(functional, (), *_with_defaults(func, functional, args, kwargs))
-    if not isinstance(result, tmod.XLAShardedTensor):
-        raise UnsupportedOpError(op_name(func), f"internal: {op_name(functional)} did not give one tensor")
-    if result._pjrt_data.state is not TensorState.LAZY:  # computed by the CPU fallback: a graph value of it
-        result = _record(aten.clone.default, (result,), {})
-    data = target._pjrt_data
-    new = result._pjrt_data
-    if torch.Tag.inplace_view in func.tags:
-        _restride_in_place(func, args, kwargs, result)
-        return target
-    if tuple(new.shape) != data.shape:
-        raise RuntimeError(f"{op_name(func)}: the result of shape {list(new.shape)} cannot be written into a tensor "
-                           f"of shape {list(data.shape)}")
-    if new.dtype != data.dtype:
-        result = dispatch(aten._to_copy.default, (), (result,), {"dtype": data.dtype})
-        new = result._pjrt_data
-    _assign(data, new.lazy)
+    finfo = _op_info(functional)
+    if finfo.recordable:
+        value = _record(finfo, args, kwargs, wrap=False)
+        if not isinstance(value, LazyValue):
+            raise UnsupportedOpError(info.name, f"internal: {finfo.name} did not give one tensor")
+    else:
+        result = dispatch(functional, (), args, kwargs)
+        if not isinstance(result, _XST):
+            raise UnsupportedOpError(info.name, f"internal: {finfo.name} did not give one tensor")
+        if result._pjrt_data.state is not _LAZY:  # computed by the CPU fallback: a graph value of it
+            result = _record(_op_info(aten.clone.default), (result,), {})
+        value = result._pjrt_data.lazy
+    _assign_result(info, target._pjrt_data, value)
     return target
 
 
-def _with_defaults(func: Any, functional: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The call with the arguments torch left out because they had their default (``bernoulli_()``'s
-    ``p=0.5``) where the functional twin has no default for them (``bernoulli.p``)."""
-    args, kwargs = list(args), dict(kwargs)
-    twin = functional._schema.arguments
-    for i, arg in enumerate(func._schema.arguments):
-        if i < len(args) or arg.name in kwargs or not arg.has_default_value():
-            continue
-        if i < len(twin) and twin[i].has_default_value():
-            continue
-        if arg.kwarg_only:
-            kwargs[arg.name] = arg.default_value
-        elif i == len(args):
-            args.append(arg.default_value)
-    return tuple(args), kwargs
+def _dispatch_foreach_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
+    """``torch._foreach_op_(xs, ...)``: one recorded op for the whole list, its results assigned to ``xs``."""
+    targets = args[0]
+    finfo = _op_info(info.functional) if info.functional is not None else None
+    if finfo is None or not finfo.recordable or not all(isinstance(t, _XST) for t in targets):
+        return info.func.redispatch(_COMPOSITE_EXPLICIT, *args, **kwargs)  # the per-tensor in-place ops
+    values = _record(finfo, args, kwargs, wrap=False)
+    for target, value in zip(targets, values):
+        _assign_result(info, target._pjrt_data, value)
+    return None
 
 
-def _restride_in_place(func: Any, args: tuple, kwargs: dict, result: Any) -> None:
-    """``x.squeeze_()``, ``x.t_()``, ...: ``x`` itself becomes the view (its shape changes, its aliases keep theirs).
-
-    The wrapper's sizes change by running the op on its metadata alone (no dispatch), as torch's
-    own tensor subclasses do; its value is the recorded view.
-    """
-    from torch.utils._mode_utils import no_dispatch
-
-    target = args[0]
-    with no_dispatch():
-        func(*args, **kwargs)
-    target._pjrt_data = result._pjrt_data
+def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue) -> None:
+    """An in-place op's result ``value`` becomes ``data``'s contents (cast to its dtype)."""
+    trace = value.trace
+    _, shape, dtype = trace.outs[value.index]
+    if shape != data.shape:
+        raise RuntimeError(f"{info.name}: the result of shape {list(shape)} cannot be written into a tensor "
+                           f"of shape {list(data.shape)}")
+    if dtype != data.dtype:
+        result = _wrap_value(trace, value, trace.outs[value.index])
+        value = dispatch(aten._to_copy.default, (), (result,), {"dtype": data.dtype})._pjrt_data.lazy
+    _assign(data, value)
 
 
 def _assign(data: TensorData, value: LazyValue) -> None:
     """Make ``data`` hold ``value``; if ``data`` is a view, write the new contents back into its base."""
-    old = data.lazy if data.state is TensorState.LAZY else None
+    old = data.lazy if data.state is _LAZY else None
     trace = value.trace
-    new_value = LazyValue(trace, value.node)
+    new_value = LazyValue(trace, value.index)
     if old is not None:
         new_value.keep_sharding = old.keep_sharding
-    elif data.state is TensorState.DEVICE:
+    elif data.state is _DEVICE:
         new_value.keep_sharding = data.sharding
     if data.view_of is not None:  # a view (also one whose value was materialized since): write into its base
         new_value.base, new_value.view_op, new_value.view_args = data.view_of
         base = data.view_of[0]()
         if base is not None:
-            _write_back(base, new_value.view_op, new_value.view_args, value.node)
+            _write_back(base, new_value.view_op, new_value.view_args, value)
     data.set_lazy(new_value)
     trace.values.append(weakref.ref(data))
 
 
-def _write_back(base: TensorData, view_op: Any, view_args: tuple, new_view: fx.Node) -> None:
+def _write_back(base: TensorData, view_op: Any, view_args: tuple, new_view: LazyValue) -> None:
     """``base`` becomes itself with the viewed region replaced by ``new_view``."""
     tmod = _tensor_module()
     base_t = tmod.wrap(base)
-    view_t = tmod.wrap(TensorData.from_lazy(tuple(new_view.meta["val"].shape), new_view.meta["val"].dtype,
-                                            LazyValue(_current_trace(), new_view)))
+    trace = new_view.trace
+    view_t = _wrap_value(trace, LazyValue(trace, new_view.index), trace.outs[new_view.index])
     name = view_op.overloadpacket.__name__ if view_op is not None else ""
     if name in ("view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "alias", "flatten", "view_as"):
         updated = dispatch(aten.view.default, (), (view_t, list(base.shape)), {})
@@ -607,8 +723,8 @@ def _write_back(base: TensorData, view_op: Any, view_args: tuple, new_view: fx.N
 def on_mark_sharding(data: TensorData) -> None:
     """``mark_sharding`` on a pending tensor: its value gets a sharding constraint in the graph."""
     value = data.lazy
-    if isinstance(value, LazyValue):
-        value.node.meta["sharding"] = data.annotation
+    if isinstance(value, LazyValue) and data.annotation is not None:
+        value.trace.pins[value.index] = data.annotation
 
 
 # =====================================================================================
@@ -643,7 +759,7 @@ def materialize(datas: Sequence[TensorData]) -> None:
     """Bring pending ``datas`` to the DEVICE state (runs the whole pending graph once)."""
     with _lock:
         for data in datas:
-            if data.state is not TensorState.LAZY:
+            if data.state is not _LAZY:
                 continue
             value: LazyValue = data.lazy
             if value.trace.done or value.trace.error is not None:
@@ -656,6 +772,7 @@ def _run(trace: _Trace) -> None:
     if _trace is trace:
         _trace = None  # ops recorded from here on go to a new trace
     trace.done = True
+    _executor.count("ops_recorded", trace.ops)
     try:
         _execute(trace)
     except BaseException as exc:
@@ -680,22 +797,55 @@ def _scalar_buffers(values: list[float], vd: Any) -> list[Any]:
     return buffers
 
 
-def _live_outputs(trace: _Trace) -> tuple[list[fx.Node], dict[fx.Node, list[TensorData]]]:
-    """The nodes some live tensor still holds, in graph order, with those tensors."""
-    holders: dict[fx.Node, list[TensorData]] = {}
+def _live_outputs(trace: _Trace) -> dict[int, list[TensorData]]:
+    """The entries some live tensor still holds, with those tensors."""
+    holders: dict[int, list[TensorData]] = {}
     for ref in trace.values:
         data = ref()
-        if data is None or data.state is not TensorState.LAZY:
+        if data is None or data.state is not _LAZY:
             continue
         value = data.lazy
-        if not isinstance(value, LazyValue) or value.trace is not trace:
+        if value.trace is not trace:
             continue
-        lst = holders.setdefault(value.node, [])
-        if all(d is not data for d in lst):
-            lst.append(data)
-    order = {n: i for i, n in enumerate(trace.graph.nodes)}
-    nodes = sorted(holders, key=order.__getitem__)
-    return nodes, holders
+        held = holders.get(value.index)
+        if held is None:
+            holders[value.index] = [data]
+        elif all(d is not data for d in held):
+            held.append(data)
+    return holders
+
+
+def _build_graph(trace: _Trace, outputs: list[int], pins: dict[int, ShardingSpec]) -> fx.Graph:
+    """The torch.fx graph of ``trace``'s entries (on a compile-cache miss only): inputs are its placeholders,
+    ``outputs`` its results, ``pins`` its sharding constraints."""
+    graph = fx.Graph()
+    nodes: list[fx.Node] = []
+    inputs = iter(trace.inputs)
+    scalars = trace.scalars
+    for entry, out in zip(trace.entries, trace.outs):
+        kind = entry[0]
+        if kind == _INPUT:
+            source = next(inputs)
+            node = graph.placeholder(f"in{len(nodes)}")
+            node.meta["sharding"] = source.sharding
+        elif kind == _GETITEM:
+            node = graph.call_function(operator.getitem, (nodes[entry[1]], entry[2]), name="getitem")
+        else:
+            info = _ops_by_id[kind]
+            args = tuple(_value_of(k, nodes, scalars) for k in entry[1])
+            kwargs = {name: _value_of(k, nodes, scalars) for name, k in entry[2]}
+            node = graph.call_function(info.func, args, kwargs, name=info.node_name)
+        meta = _out_meta(out)
+        node.meta["val"] = tuple(meta) if isinstance(meta, list) else meta
+        nodes.append(node)
+    for index, spec in pins.items():
+        nodes[index].meta["sharding"] = spec
+    if scalars:
+        pool = graph.placeholder("scalars")
+        pool.meta.update(val=torch.empty(len(scalars), dtype=torch.float64, device="meta"),
+                         sharding=ShardingSpec.replicated(), scalar_pool=True)
+    graph.output(tuple(nodes[i] for i in outputs))
+    return graph
 
 
 #: program key -> positions of the inputs its compiled form wants laid out otherwise (usually none).
@@ -705,15 +855,17 @@ _realign_positions: dict[str, list[int]] = {}
 def _realign_inputs(program: Any, trace: _Trace, columns: list[Any], vd: Any) -> None:
     """Lay out again the inputs the compiled program wants in another sharding than the one they have."""
     positions = _realign_positions.get(program.key)
-    entries = list(trace.inputs.values())
-    wanted = _executor.parameter_shardings(program) if positions is None or positions else None
+    if positions == []:
+        return
+    inputs = trace.inputs
+    wanted = _executor.parameter_shardings(program)
     if positions is None:
-        positions = [] if wanted is None else [i for i, e in enumerate(entries)
-                                               if i < len(wanted) and wanted[i] != e.node.meta["sharding"]]
+        positions = [] if wanted is None else [i for i, source in enumerate(inputs)
+                                               if i < len(wanted) and wanted[i] != source.sharding]
         _realign_positions[program.key] = positions
     for i in positions:
-        meta, have = entries[i].node.meta["val"], entries[i].node.meta["sharding"]
-        columns[i] = _transfer.reshard_buffers(columns[i], meta.shape, meta.dtype, have, wanted[i], vd)
+        source = inputs[i]
+        columns[i] = _transfer.reshard_buffers(columns[i], source.shape, source.dtype, source.sharding, wanted[i], vd)
 
 
 #: Seconds the last run spent finding its program ("key"), executing it and storing its results ("after").
@@ -727,42 +879,43 @@ def last_run_timings() -> dict[str, float]:
 
 def _execute(trace: _Trace) -> None:
     t0 = time.perf_counter()
-    nodes, holders = _live_outputs(trace)
-    if not nodes:
+    holders = _live_outputs(trace)
+    if not holders:
         return
-    for node in nodes:
-        if node.meta.get("sharding") is None:
-            kept = [d.lazy.keep_sharding for d in holders[node] if d.lazy.keep_sharding is not None]
-            if kept:
-                node.meta["sharding"] = kept[0]
-    graph = trace.graph
-    constraints = tuple(sorted((n.meta["idx"], n.meta["sharding"].to_hlo()) for n in graph.nodes
-                               if n.op != "placeholder" and n.meta.get("sharding") is not None))
-    signature = (tuple(trace.signature), tuple(n.meta["idx"] for n in nodes), constraints, len(trace.scalars))
+    outputs = sorted(holders)
+    pins = dict(trace.pins)
+    for index in outputs:
+        if index not in pins:
+            for data in holders[index]:
+                kept = data.lazy.keep_sharding
+                if kept is not None:
+                    pins[index] = kept
+                    break
     vd = virtual_device()
     columns = []
-    # Placeholders were created in this order, which is the graph's (and the module's) argument order.
-    for entry in trace.inputs.values():
-        if entry.generation != vd.generation:
+    for source in trace.inputs:
+        if source.generation != vd.generation:
             raise VirtualDeviceError("an input of the pending graph lives on a virtual device that was replaced; "
                                      "move it to pjrt again from a CPU copy")
-        columns.append(entry.buffers)
+        columns.append(source.buffers)
     if trace.scalars:
-        pool = graph.placeholder("scalars")
-        pool.meta.update(val=torch.empty(len(trace.scalars), dtype=torch.float64, device="meta"),
-                         sharding=ShardingSpec.replicated(), scalar_pool=True)
         columns.append(_scalar_buffers(trace.scalars, vd))
-    graph.output(tuple(nodes))
-    program = _executor.compile_graph(graph, vd, signature=signature)
+    options = _executor.lowering_options(vd)
+    # The step the trace ended on stands for its whole sequence of entries (see the note on recording).
+    key = (trace.cursor, tuple(outputs), tuple(sorted((i, _spec_token(s)) for i, s in pins.items())), options,
+           _executor.plugin_identity(vd))
+    program = _executor.program_for(key, lambda: _build_graph(trace, outputs, pins), vd, options)
     _realign_inputs(program, trace, columns, vd)
     t1 = time.perf_counter()
-    outputs = _executor.execute_program(program, columns, vd)
+    results = _executor.execute_program(program, columns, vd)
     t2 = time.perf_counter()
-    for j, node in enumerate(nodes):
+    generation = vd.generation
+    for j, index in enumerate(outputs):
         spec = program.output_shardings[j]
-        for data in holders[node]:
-            data.set_device(outputs[j], spec, vd.generation)
+        buffers = results[j]
+        for data in holders[index]:
+            data.set_device(buffers, spec, generation)
             if data.annotation is None:
                 data.annotation = spec
     _last_timings.update(key=t1 - t0, execute=t2 - t1, after=time.perf_counter() - t2)
-    logger.debug("ran %d ops with %d inputs and %d outputs", trace.ops, len(columns), len(nodes))
+    logger.debug("ran %d ops with %d inputs and %d outputs", trace.ops, len(columns), len(outputs))

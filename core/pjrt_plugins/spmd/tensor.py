@@ -62,6 +62,24 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+#: shape -> contiguous strides: every traced op makes a tensor object, mostly of a few shapes.
+_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _new_wrapper(data: TensorData, requires_grad: bool, cls: type | None = None) -> XLAShardedTensor:
+    strides = _strides.get(data.shape)
+    if strides is None:
+        if len(_strides) > 4096:
+            _strides.clear()
+        strides = _strides[data.shape] = _contiguous_strides(data.shape)
+    r = torch.Tensor._make_wrapper_subclass(
+        cls or XLAShardedTensor, data.shape, strides=strides, dtype=data.dtype, device=_device.TORCH_DEVICE,
+        requires_grad=requires_grad,
+    )
+    r._pjrt_data = data
+    return r
+
+
 class XLAShardedTensor(torch.Tensor):
     """A tensor on the virtual device ``pjrt:0`` that behaves like the unpartitioned tensor.
 
@@ -96,16 +114,7 @@ class XLAShardedTensor(torch.Tensor):
             data = TensorData.from_host(elem)
         else:
             raise TypeError(f"XLAShardedTensor wraps a tensor, got {type(elem).__name__}")
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            data.shape,
-            strides=_contiguous_strides(data.shape),
-            dtype=data.dtype,
-            device=_device.TORCH_DEVICE,
-            requires_grad=requires_grad,
-        )
-        r._pjrt_data = data
-        return r
+        return _new_wrapper(data, requires_grad, cls)
 
     # -- what PyTorch/XLA users read -------------------------------------------------------
 
@@ -275,12 +284,29 @@ class _ErrorForAutograd:
         return f"<error for autograd: {self.error!r}>"
 
 
+def _join_foreach_types() -> None:
+    """Let torch's optimizers take their foreach path on pjrt tensors, as torch.distributed.tensor does for DTensor.
+
+    torch checks the exact type (``type(p) in _foreach_supported_types``); on the foreach path an
+    optimizer step is a handful of ops per parameter *list*, each recorded as one op.
+    """
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if XLAShardedTensor not in types:
+            types.append(XLAShardedTensor)
+
+
+_join_foreach_types()
+
+
 # -- wrapping ------------------------------------------------------------------------------
 
 
 def wrap(data: TensorData, requires_grad: bool = False) -> XLAShardedTensor:
     """A new wrapper (tensor object) for ``data``; wrappers of the same data alias each other."""
-    return XLAShardedTensor(data, requires_grad=requires_grad)
+    return _new_wrapper(data, requires_grad)
 
 
 def unwrap(tensor: torch.Tensor) -> TensorData:

@@ -22,8 +22,10 @@ from . import (  # noqa: F401
     _shapes,
     _special,
 )
+from . import _ternary  # noqa: F401  (lerp, addcmul, addcdiv: the optimizers' per-parameter ops)
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
+from ._foreach import foreach_plan, is_foreach
 from ._module import RNG_KEY_DTYPE, RNG_KEY_SHAPE, LoweredModule, lower_graph, sharding_string, target_version
 from ._table import LOWERINGS, RANDOM_OPS, op_name, refuse_generator
 
@@ -48,8 +50,10 @@ __all__ = [
     "LoweringOptions",
     "decomposition_for",
     "expand_graph",
+    "foreach_plan",
     "functional_variant",
     "has_lowering",
+    "is_foreach",
     "is_inplace",
     "lower_graph",
     "op_name",

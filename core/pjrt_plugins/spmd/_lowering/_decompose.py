@@ -16,8 +16,10 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ...errors import UnsupportedOpError
+from ...errors import LoweringError, UnsupportedOpError
 from ._composites import COMPOSITES
+from ._emitter import ScalarSlot
+from ._foreach import foreach_plan, split_foreach
 from ._table import LOWERINGS, op_name
 
 logger = logging.getLogger(__name__)
@@ -158,7 +160,10 @@ def expand_graph(graph: fx.Graph, *, _depth: int = 0) -> fx.Graph:
             continue
         target = node.target
         if target is operator.getitem and isinstance(lookup(node.args[0]), tuple):
-            env[node] = lookup(node.args[0])[node.args[1]]
+            item = env[node] = lookup(node.args[0])[node.args[1]]
+            sharding = node.meta.get("sharding")
+            if sharding is not None and isinstance(item, fx.Node) and item.op == "call_function":
+                item.meta["sharding"] = sharding  # a constraint on one result of an expanded op
             continue
         args = fx.node.map_arg(node.args, lookup)
         kwargs = fx.node.map_arg(node.kwargs, lookup)
@@ -179,6 +184,11 @@ def _call_or_inline(new: fx.Graph, target: Any, args: Any, kwargs: Any, meta: di
     """A call of ``target`` in ``new`` when it is lowerable, else its decomposition spliced in."""
     if isinstance(target, type) and issubclass(target, tuple):
         return tuple(args) + tuple(kwargs.values())  # a decomposition building its named result tuple
+    plan = foreach_plan(target)
+    if plan is not None:  # one call of the per-tensor op per list element
+        vals = meta.get("val")
+        return tuple(_call_or_inline(new, plan.element, a, k, {"val": vals[i]} if vals is not None else {}, depth)
+                     for i, (a, k) in enumerate(split_foreach(plan, tuple(args), dict(kwargs))))
     if can_lower(target):
         call = new.call_function(target, tuple(args), dict(kwargs))
         call.meta = dict(meta)
@@ -186,6 +196,9 @@ def _call_or_inline(new: fx.Graph, target: Any, args: Any, kwargs: Any, meta: di
     decomp = decomposition_for(target)
     if decomp is None:
         raise UnsupportedOpError(op_name(target))
+    if any(isinstance(a, ScalarSlot) for a in pytree.tree_leaves((tuple(args), dict(kwargs)))):
+        # Tracing the decomposition would bake the scalar's current value into the program.
+        raise LoweringError(f"internal: {op_name(target)} takes a run-time scalar but has no lowering of its own")
     meta_args = fx.node.map_arg(args, lambda n: n.meta.get("val"))
     meta_kwargs = fx.node.map_arg(kwargs, lambda n: n.meta.get("val"))
     try:
