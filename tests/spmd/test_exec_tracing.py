@@ -220,3 +220,19 @@ def test_the_prefix_tree_starts_over_when_it_grows_too_large(engine, monkeypatch
         assert_close("after a restart", ((t + scale) * scale).relu().cpu(), ((x + scale) * scale).relu())
         roots.add(id(_lazy._root))
     assert len(roots) > 1
+
+
+def test_factory_made_constants_are_computed_on_the_devices_not_uploaded(engine):
+    """Masks (ones().tril()), fills and integer aranges made on pjrt every step move no bytes."""
+    x = torch.randn(2, 4, 8, 16)
+    t = x.to("pjrt")
+    ref = F.scaled_dot_product_attention(x, x, x, is_causal=True) + torch.arange(16) + torch.full((16,), 0.75)
+    for step in range(2):
+        xs.reset_transfer_counters()
+        mask = torch.ones(8, 8, dtype=torch.bool, device="pjrt").tril()
+        out = F.scaled_dot_product_attention(t, t, t, attn_mask=mask) + torch.arange(16, device="pjrt")
+        out = out + torch.full((16,), 0.75, device="pjrt")
+        xs.sync()
+        assert xs.transfer_counters().uploads == (16 if step == 0 else 0)  # the first step uploads x and 0.75
+        assert_close("attention", out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    assert mask._pjrt_data.state.name == "DEVICE"  # the mask itself was an output too

@@ -88,6 +88,9 @@ class TensorData:
       materialized still reaches the base); ``None`` otherwise.
     - ``uninitialized``: True for HOST data made by ``empty`` whose contents nobody wrote yet
       (an engine may skip uploading it before an op that overwrites it); any state change clears it.
+    - ``recipe``: for HOST data a factory made (a fill, an integer ``arange``), ``(op, args, kwargs)``
+      of one ATen op that makes the same contents, so an engine can compute them on the devices
+      instead of uploading them; set after :meth:`set_host`, cleared by any state change.
     """
 
     __slots__ = (
@@ -100,6 +103,7 @@ class TensorData:
         "id",
         "lazy",
         "mark",
+        "recipe",
         "shape",
         "sharding",
         "state",
@@ -123,6 +127,7 @@ class TensorData:
         self.version = 0
         self.uninitialized = False
         self.view_of: tuple[Any, Any, tuple] | None = None
+        self.recipe: tuple[Any, tuple, dict] | None = None
 
     # -- constructors --------------------------------------------------------------------
 
@@ -157,10 +162,13 @@ class TensorData:
         data.state = TensorState.LAZY
         data.host = data.buffers = data.sharding = data.annotation = data.mark = None
         data.lazy = value
+        base = value.base
+        data.view_of = (base, value.view_op, value.view_args) if base is not None else None
         data.generation = 0
         data.id = _next_id()
         data.version = 1
         data.uninitialized = False
+        data.recipe = None
         return data
 
     # -- state changes -------------------------------------------------------------------
@@ -185,6 +193,7 @@ class TensorData:
         self.lazy = None
         self.state = TensorState.HOST
         self.uninitialized = False
+        self.recipe = None
         self.version += 1
 
     def set_device(self, buffers: Sequence[Any], sharding: ShardingSpec, generation: int) -> None:
@@ -199,6 +208,7 @@ class TensorData:
         self.lazy = None
         self.state = TensorState.DEVICE
         self.uninitialized = False
+        self.recipe = None
         self.version += 1
 
     def set_lazy(self, value: Any) -> None:
@@ -215,6 +225,7 @@ class TensorData:
         self.sharding = None
         self.state = TensorState.LAZY
         self.uninitialized = False
+        self.recipe = None
         self.version += 1
 
     # -- facts ---------------------------------------------------------------------------

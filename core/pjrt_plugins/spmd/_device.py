@@ -273,7 +273,10 @@ def _host_factory(name: str) -> Any:
         # linspace/logspace take their ends as 0-d tensors too, which may be pjrt tensors
         args = tuple(to_cpu(a) if isinstance(a, torch.Tensor) and a.device.type == DEVICE_TYPE else a for a in args)
         values = op(*args, **{**kwargs, "device": torch.device("cpu"), "pin_memory": False})
-        return wrap(TensorData.from_host(values, copy=False))
+        data = TensorData.from_host(values, copy=False)
+        if packet == "arange" and not values.dtype.is_floating_point:  # exact: an engine may compute it itself
+            data.recipe = (op, args, {"dtype": values.dtype})
+        return wrap(data)
 
     kernel.__name__ = f"pjrt_{packet}_{overload or 'default'}"
     return kernel

@@ -376,6 +376,10 @@ def _ref(trace: _Trace, data: TensorData) -> int:
     if state is _HOST:
         if data.uninitialized:
             return _unwritten(trace, data)
+        if data.recipe is not None:
+            index = _remade(trace, data)
+            if index is not None:
+                return index
         _transfer.upload(data, data.annotation)
     key = (data.id, data.version)
     index = trace.input_ids.get(key)
@@ -418,6 +422,20 @@ def _unwritten(trace: _Trace, data: TensorData) -> int:
     """
     value = _record(_op_info(aten.zeros.default), (list(data.shape),),
                     {"dtype": data.dtype, "device": TORCH_DEVICE}, wrap=False)
+    return value.index
+
+
+def _remade(trace: _Trace, data: TensorData) -> int | None:
+    """HOST contents a factory made (``torch.ones``, a mask, an integer ``arange``) computed in the graph
+    by the same op instead of uploaded every step; None when that op cannot be recorded as it is."""
+    op, args, kwargs = data.recipe
+    info = _op_info(op)
+    if not info.recordable or data.annotation is not None:
+        return None
+    value = _record(info, args, {**kwargs, "device": TORCH_DEVICE}, wrap=False)
+    if trace.outs[value.index] != ("T", data.shape, data.dtype):
+        raise VirtualDeviceError(f"internal: {info.name} does not remake a {data.dtype} tensor of shape "
+                                 f"{list(data.shape)}")
     return value.index
 
 

@@ -431,6 +431,9 @@ def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
     assert data.host is not None
     getattr(data.host, func.overloadpacket.__name__)(*rest, **kwargs)
     data.set_host(data.host, copy=False)  # new contents: a new version, no longer uninitialized
+    value = 0 if func is aten.zero_.default else rest[0] if func is aten.fill_.Scalar else None
+    if isinstance(value, (bool, int, float)):  # torch.ones/zeros/full: an engine can make these contents itself
+        data.recipe = (aten.full.default, (list(data.shape), value), {"dtype": data.dtype})
     return args[0]
 
 
