@@ -381,10 +381,10 @@ def _ref(trace: _Trace, data: TensorData) -> int:
             if index is not None:
                 return index
         _transfer.upload(data, data.annotation)
+    _transfer.check_current(data)  # also for an input the trace has: the virtual device may have been replaced
     key = (data.id, data.version)
     index = trace.input_ids.get(key)
     if index is None:
-        _transfer.check_current(data)
         entry = (_INPUT, data.shape, data.dtype, _spec_token(data.sharding))
         index = _append(trace, entry, ("T", data.shape, data.dtype))
         trace.input_ids[key] = index
