@@ -651,11 +651,15 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
             info.name, f"in-place operator {info.name} has no functional form the pjrt device can run, and "
             "the CPU fallback is off"))
     finfo = _op_info(functional)
-    if finfo.recordable:
-        value = _record(finfo, args, kwargs, wrap=False)
-        if not isinstance(value, LazyValue):
+    value = None
+    if finfo.recordable and not finfo.maskable:
+        try:
+            value = _record(finfo, args, kwargs, wrap=False)
+        except DataDependentShapeError:
+            value = None  # dispatch below sends it to the fallback
+        if value is not None and not isinstance(value, LazyValue):
             raise UnsupportedOpError(info.name, f"internal: {finfo.name} did not give one tensor")
-    else:
+    if value is None:
         result = dispatch(functional, (), args, kwargs)
         if not isinstance(result, _XST):
             raise UnsupportedOpError(info.name, f"internal: {finfo.name} did not give one tensor")
