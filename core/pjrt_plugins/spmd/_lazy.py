@@ -212,7 +212,7 @@ class _OpInfo:
     """What the tracer needs to know about one operator, worked out once per process."""
 
     __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "is_view",
-                 "foreach", "is_overload", "out_variant", "maskable")
+                 "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults")
 
     def __init__(self, func: Any, op_id: int) -> None:
         self.func = func
@@ -222,6 +222,8 @@ class _OpInfo:
         self.is_overload = isinstance(func, torch._ops.OpOverload)
         self.inplace = is_inplace(func)
         self.functional = functional_variant(func) if self.inplace else None
+        self.inplace_view = self.inplace and torch.Tag.inplace_view in func.tags
+        self.defaults = _missing_defaults(func, self.functional) if self.functional is not None else ()
         self.foreach = is_foreach(func)
         packet = getattr(func, "overloadpacket", None)
         base = packet.__name__ if packet is not None else ""
@@ -235,6 +237,27 @@ class _OpInfo:
         # only when that op is lowered by hand (a traced decomposition would bake the values).
         self.recordable = has_lowering(func) or (
             plan is not None and (has_lowering(plan.element) or (not self.lifts and decomposition_for(plan.element))))
+
+
+def _missing_defaults(func: Any, functional: Any) -> tuple[tuple[int, Any], ...]:
+    """``(position, argument)`` of the in-place op's arguments with a default that its functional twin lacks
+    (``bernoulli_()``'s ``p=0.5``, ``bernoulli.p``): a call that leaves them out must pass them to the twin."""
+    twin = functional._schema.arguments
+    return tuple((i, arg) for i, arg in enumerate(func._schema.arguments)
+                 if arg.has_default_value() and not (i < len(twin) and twin[i].has_default_value()))
+
+
+def _with_defaults(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call with the arguments of ``info.defaults`` that torch left out because they had their default."""
+    args, kwargs = list(args), dict(kwargs)
+    for i, arg in info.defaults:
+        if i < len(args) or arg.name in kwargs:
+            continue
+        if arg.kwarg_only:
+            kwargs[arg.name] = arg.default_value
+        elif i == len(args):
+            args.append(arg.default_value)
+    return tuple(args), kwargs
 
 
 _CAMEL_HUMP = re.compile(r"(?<=[a-z])([A-Z])")
@@ -650,7 +673,15 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
         return _fallback.refuse_or_run(func, args, kwargs, UnsupportedOpError(
             info.name, f"in-place operator {info.name} has no functional form the pjrt device can run, and "
             "the CPU fallback is off"))
+    if info.defaults:
+        args, kwargs = _with_defaults(info, args, kwargs)
     finfo = _op_info(functional)
+    if info.inplace_view:  # squeeze_, t_, ...: the tensor itself becomes the view
+        result = dispatch(functional, (), args, kwargs)
+        if result._pjrt_data.state is not _LAZY:  # computed by the CPU fallback: a graph value of it
+            result = _record(_op_info(aten.clone.default), (result,), {})
+        _restride_in_place(func, args, kwargs, result)
+        return target
     value = None
     if finfo.recordable and not finfo.maskable:
         try:
@@ -668,6 +699,20 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
         value = result._pjrt_data.lazy
     _assign_result(info, target._pjrt_data, value)
     return target
+
+
+def _restride_in_place(func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+    """``x.squeeze_()``, ``x.t_()``, ...: ``x`` itself becomes the view (its shape changes, its aliases keep theirs).
+
+    The wrapper's sizes change by running the op on its metadata alone (no dispatch), as torch's
+    own tensor subclasses do; its value is the recorded view.
+    """
+    from torch.utils._mode_utils import no_dispatch
+
+    target = args[0]
+    with no_dispatch():
+        func(*args, **kwargs)
+    target._pjrt_data = result._pjrt_data
 
 
 def _dispatch_foreach_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
