@@ -18,6 +18,13 @@
  *   SHIM_FAIL_BUFFER_DESTROY  PJRT_Buffer_Destroy frees the buffer, then returns an error
  *   SHIM_FAIL_EVENT_IS_READY  PJRT_Event_IsReady returns an error
  *   (with either, shim_report() counts buffer_destroy; executable_destroy; client_destroy;)
+ *   SHIM_CHECK_LIFETIMES   remember every client, buffer and loaded executable destroyed (until the
+ *                          plugin hands out the same address again); a call on one aborts the
+ *                          process naming the function: a use after free made visible
+ *                          BufferFromHostBuffer, ToHostBuffer and Execute first count themselves
+ *                          (shim_calls_entered()) and sleep shim_set_sleep_ms(n) ms (0 at start),
+ *                          then check their handles: a test closes or deletes on another thread
+ *                          meanwhile
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -93,6 +100,124 @@ static PJRT_Error* shim_buffer_destroy(PJRT_Buffer_Destroy_Args* args) {
 static PJRT_Error* shim_event_is_ready(PJRT_Event_IsReady_Args* args) {
   (void)args;
   return shim_error();
+}
+#endif
+
+#ifdef SHIM_CHECK_LIFETIMES
+#include <pthread.h>
+#define MAX_DEAD 4096
+static const void* dead[MAX_DEAD];
+static int num_dead;
+static int calls_entered, sleep_ms;
+static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int shim_calls_entered(void) { return __atomic_load_n(&calls_entered, __ATOMIC_SEQ_CST); }
+void shim_set_sleep_ms(int ms) { __atomic_store_n(&sleep_ms, ms, __ATOMIC_SEQ_CST); }
+
+static void bury(const void* handle) {
+  pthread_mutex_lock(&dead_lock);
+  if (num_dead < MAX_DEAD) dead[num_dead++] = handle;
+  pthread_mutex_unlock(&dead_lock);
+}
+
+static void revive(const void* handle) { /* the plugin reused a freed address for a new handle */
+  pthread_mutex_lock(&dead_lock);
+  for (int i = 0; i < num_dead; i++) {
+    if (dead[i] == handle) dead[i--] = dead[--num_dead];
+  }
+  pthread_mutex_unlock(&dead_lock);
+}
+
+static void check_alive(const char* function, const void* handle) {
+  pthread_mutex_lock(&dead_lock);
+  int found = 0;
+  for (int i = 0; i < num_dead && !found; i++) found = dead[i] == handle;
+  pthread_mutex_unlock(&dead_lock);
+  if (found) {
+    fprintf(stderr, "shim: %s called on destroyed handle %p (use after free)\n", function, handle);
+    fflush(stderr);
+    abort();
+  }
+}
+
+static void enter_slowly(void) {
+  int ms = __atomic_load_n(&sleep_ms, __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&calls_entered, 1, __ATOMIC_SEQ_CST);
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  if (ms > 0) nanosleep(&ts, NULL);
+}
+
+static size_t count_outputs(PJRT_LoadedExecutable* loaded) {
+  PJRT_LoadedExecutable_GetExecutable_Args get;
+  memset(&get, 0, sizeof(get));
+  get.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  get.loaded_executable = loaded;
+  if (real_api->PJRT_LoadedExecutable_GetExecutable(&get)) return 0;
+  PJRT_Executable_NumOutputs_Args num;
+  memset(&num, 0, sizeof(num));
+  num.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
+  num.executable = get.executable;
+  size_t outputs = real_api->PJRT_Executable_NumOutputs(&num) ? 0 : num.num_outputs;
+  PJRT_Executable_Destroy_Args destroy;
+  memset(&destroy, 0, sizeof(destroy));
+  destroy.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+  destroy.executable = get.executable;
+  real_api->PJRT_Executable_Destroy(&destroy);
+  return outputs;
+}
+
+static PJRT_Error* lt_client_create(PJRT_Client_Create_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Client_Create(args);
+  if (!error) revive(args->client);
+  return error;
+}
+static PJRT_Error* lt_client_destroy(PJRT_Client_Destroy_Args* args) {
+  check_alive("PJRT_Client_Destroy", args->client);
+  PJRT_Error* error = real_api->PJRT_Client_Destroy(args);
+  bury(args->client);
+  return error;
+}
+static PJRT_Error* lt_compile(PJRT_Client_Compile_Args* args) {
+  check_alive("PJRT_Client_Compile", args->client);
+  PJRT_Error* error = real_api->PJRT_Client_Compile(args);
+  if (!error) revive(args->executable);
+  return error;
+}
+static PJRT_Error* lt_from_host(PJRT_Client_BufferFromHostBuffer_Args* args) {
+  enter_slowly();
+  check_alive("PJRT_Client_BufferFromHostBuffer", args->client);
+  PJRT_Error* error = real_api->PJRT_Client_BufferFromHostBuffer(args);
+  if (!error) revive(args->buffer);
+  return error;
+}
+static PJRT_Error* lt_to_host(PJRT_Buffer_ToHostBuffer_Args* args) {
+  enter_slowly();
+  check_alive("PJRT_Buffer_ToHostBuffer", args->src);
+  return real_api->PJRT_Buffer_ToHostBuffer(args);
+}
+static PJRT_Error* lt_execute(PJRT_LoadedExecutable_Execute_Args* args) {
+  enter_slowly();
+  check_alive("PJRT_LoadedExecutable_Execute", args->executable);
+  for (size_t d = 0; d < args->num_devices; d++)
+    for (size_t i = 0; i < args->num_args; i++) check_alive("PJRT_LoadedExecutable_Execute", args->argument_lists[d][i]);
+  size_t outputs = count_outputs(args->executable);
+  PJRT_Error* error = real_api->PJRT_LoadedExecutable_Execute(args);
+  if (!error)
+    for (size_t d = 0; d < args->num_devices; d++)
+      for (size_t i = 0; i < outputs; i++) revive(args->output_lists[d][i]);
+  return error;
+}
+static PJRT_Error* lt_buffer_destroy(PJRT_Buffer_Destroy_Args* args) {
+  check_alive("PJRT_Buffer_Destroy", args->buffer);
+  PJRT_Error* error = real_api->PJRT_Buffer_Destroy(args);
+  bury(args->buffer);
+  return error;
+}
+static PJRT_Error* lt_executable_destroy(PJRT_LoadedExecutable_Destroy_Args* args) {
+  check_alive("PJRT_LoadedExecutable_Destroy", args->executable);
+  PJRT_Error* error = real_api->PJRT_LoadedExecutable_Destroy(args);
+  bury(args->executable);
+  return error;
 }
 #endif
 
@@ -235,6 +360,16 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
 #ifdef SHIM_FAIL_EVENT_IS_READY
   shim_api.PJRT_Event_IsReady = shim_event_is_ready;
+#endif
+#ifdef SHIM_CHECK_LIFETIMES
+  shim_api.PJRT_Client_Create = lt_client_create;
+  shim_api.PJRT_Client_Destroy = lt_client_destroy;
+  shim_api.PJRT_Client_Compile = lt_compile;
+  shim_api.PJRT_Client_BufferFromHostBuffer = lt_from_host;
+  shim_api.PJRT_Buffer_ToHostBuffer = lt_to_host;
+  shim_api.PJRT_LoadedExecutable_Execute = lt_execute;
+  shim_api.PJRT_Buffer_Destroy = lt_buffer_destroy;
+  shim_api.PJRT_LoadedExecutable_Destroy = lt_executable_destroy;
 #endif
   return &shim_api;
 }

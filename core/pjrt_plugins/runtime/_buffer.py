@@ -1,9 +1,9 @@
 """Buffer: one array on one device, and the conversion of host values into transferable arrays.
 
 A Buffer keeps its client alive and is released exactly once (delete(), the context
-manager, garbage collection or client.close()), never while a host view of it is alive.
-Host memory handed to the plugin stays referenced until the plugin's done-with-host-buffer
-event fires.
+manager, garbage collection or client.close()), never while a host view of it is alive nor
+while a call on it runs on another thread (see ``_inflight``). Host memory handed to the
+plugin stays referenced until the plugin's done-with-host-buffer event fires.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableError, PjrtError
 from ._cdef import STRUCT_SIZE, ffi
 from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
+from ._inflight import OwnedHandle
 from ._library import new_args, scratch_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,14 +81,15 @@ _DIRECT_FUNCTIONS = (
 )
 
 
-#: Taken to pin a buffer and to free one: a buffer is never freed while it is being pinned or read
-#: in place (reentrant: a finalizer may run on a thread that holds it).
+#: Taken to count host views (pins) and to delete a buffer or close a client: neither happens
+#: while a view is being taken (reentrant: a finalizer may run on a thread that holds it).
 _pin_lock = threading.RLock()
 
 
 def _pin(lib: Any, ptr: Any) -> Any:
     """Take an external reference on a buffer in host memory (the plugin keeps its bytes in place
-    until :func:`_unpin`); returns the address of the bytes. Call with ``_pin_lock`` held."""
+    until :func:`_unpin`); returns the address of the bytes. Call with ``_pin_lock`` held or
+    within a counted call on the buffer."""
     hold = scratch_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
     hold.buffer = ptr
     lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)
@@ -213,13 +215,17 @@ def _row_major_layout(ndim: int) -> Any:
     return entry[0]
 
 
-class Buffer:
-    """An array on a device. Use it as a context manager or call delete() to free it early."""
+class Buffer(OwnedHandle):
+    """An array on a device. Use it as a context manager or call delete() to free it early.
 
-    __slots__ = (
-        "_client", "_lib", "_ptr", "_host", "_shape", "_dtype", "_plan", "_ready", "_pins", "_release_pending",
-        "__weakref__",
-    )
+    Thread-safe: a ``delete()`` (or ``client.close()``) while another thread reads, executes
+    with or queries this buffer never frees it under that call; the call either completes
+    first or fails with ``ValueError`` (deleted) / ``ClientClosedError``.
+    """
+
+    __slots__ = ("_lib", "_host", "_shape", "_dtype", "_plan", "_ready", "_pins", "_release_pending", "__weakref__")
+    _KIND = "buffer"
+    _REGISTRY = "_live_buffers"
 
     def __init__(
         self,
@@ -233,12 +239,13 @@ class Buffer:
         self._client = client
         self._lib = client._lib
         self._ptr = ptr
+        self._calls: list = []  # calls in flight on this buffer (see _inflight)
         self._host: Any = None
         self._shape = shape
         self._dtype = dtype
         self._plan = plan  # how to_numpy reads it (None: not asked yet)
         self._ready = ready  # known to be computed (its ready event already awaited)
-        self._pins = 0  # live host pins (views, in-place reads): the buffer is not freed while any is held
+        self._pins = 0  # live host views: the buffer is not freed while any is held
         self._release_pending = False  # garbage-collected while pinned: the last pin frees it
         # The client's registry owns the handle: whoever pops it (release or client.close) frees it.
         client._live_buffers[id(self)] = (ptr, None)
@@ -254,45 +261,67 @@ class Buffer:
         """The live ``PJRT_Buffer*`` (a cffi pointer), for raw C API calls through ``client.library.call``.
 
         Raises ``ValueError`` once the buffer is deleted and :class:`ClientClosedError` once
-        its client is closed; do not keep the pointer past either.
+        its client is closed; do not keep the pointer past either. Raw calls are not counted
+        as calls in flight: do not delete the buffer or close its client while one runs.
         """
         return self._handle()
 
     def _handle(self) -> Any:
         ptr = self._ptr
-        if ptr is None:
-            raise ValueError("this buffer has been deleted")
-        if self._client._closed:
-            raise ClientClosedError("this buffer's client has been closed")
+        if ptr is None or self._client._closed:
+            raise self._gone_error()
         return ptr
+
+    def _invoke(self, function: str, **fields: Any) -> Any:
+        """``function(buffer=this buffer, **fields)`` as a counted call; returns its args struct."""
+        ptr = self._begin()
+        try:
+            return self._lib.invoke(function, buffer=ptr, **fields)
+        finally:
+            self._end()
 
     def _release(self, *, implicit: bool = False) -> None:
         """Free the handle (once). ``implicit`` (garbage collection): with host views alive, wait for them."""
-        if implicit and not self._pins:
-            # Unreferenced, so no other thread can be pinning it: skip the lock (the common case).
-            entry = self._client._live_buffers.pop(id(self), None)  # atomic: one caller wins
+        if implicit and not self._pins:  # unreferenced: no call uses it, nobody can take a pin now
             self._ptr = None
-            host, self._host = self._host, None
-        else:
-            with _pin_lock:  # no pin can be taken between the check and the handle leaving the registry
-                if self._pins:
-                    if implicit:
-                        self._release_pending = True
-                        return
-                    raise BufferViewedError(
-                        f"cannot delete this buffer: {self._pins} host view(s) of it are alive; "
-                        "drop them (and every array made from them) first"
-                    )
-                entry = self._client._live_buffers.pop(id(self), None)
-                self._ptr = None
-                host, self._host = self._host, None
-        if entry is not None:
-            self._client._destroy_buffer(entry, host)
+            self._free_now()
+            return
+        with _pin_lock:  # no pin can be taken between the check and the buffer being marked deleted
+            if self._pins:
+                if implicit:
+                    self._release_pending = True
+                    return
+                raise BufferViewedError(
+                    f"cannot delete this buffer: {self._pins} host view(s) of it are alive; "
+                    "drop them (and every array made from them) first"
+                )
+            if self._ptr is None:
+                return
+            self._ptr = None
+        self._free_when_unused()
+
+    def _in_use(self) -> bool:
+        """A call on this buffer, or an execute reading it as an argument, is in flight."""
+        if self._calls:
+            return True
+        try:
+            for frame in list(self._client._running):
+                arguments = frame.arguments
+                if arguments is not None and any(self is buf for row in arguments for buf in row):
+                    return True
+        except Exception:  # noqa: BLE001 - odd argument lists: that execute frees it when it ends
+            return True
+        return False
+
+    def _destroy(self, entry: tuple[Any, Any]) -> None:
+        host, self._host = self._host, None
+        self._client._destroy_buffer(entry, host)
 
     def delete(self) -> None:
-        """Free the device memory now. Later use of this buffer raises ValueError.
+        """Free the device memory (once a call on it running on another thread has ended).
 
-        Raises :class:`BufferViewedError` (and frees nothing) while a :meth:`host_view` of it is alive.
+        Later use of this buffer raises ValueError. Raises :class:`BufferViewedError` (and
+        frees nothing) while a :meth:`host_view` of it is alive.
         """
         self._release()
 
@@ -301,7 +330,10 @@ class Buffer:
         """True once deleted here, or when the plugin dropped the data (donated to a program)."""
         if self._ptr is None or self._client._closed:
             return True
-        return bool(self._lib.invoke("PJRT_Buffer_IsDeleted", buffer=self._ptr).is_deleted)
+        try:
+            return bool(self._invoke("PJRT_Buffer_IsDeleted").is_deleted)
+        except (ValueError, ClientClosedError):  # deleted or closed meanwhile
+            return True
 
     def __enter__(self) -> Buffer:
         return self
@@ -325,15 +357,19 @@ class Buffer:
     @property
     def shape(self) -> tuple[int, ...]:
         if self._shape is None:
-            args = self._lib.invoke("PJRT_Buffer_Dimensions", buffer=self._handle())
-            self._shape = tuple(ffi.unpack(args.dims, args.num_dims)) if args.num_dims else ()
+            ptr = self._begin()
+            try:  # the dims belong to the buffer: read them within the call
+                args = self._lib.invoke("PJRT_Buffer_Dimensions", buffer=ptr)
+                self._shape = tuple(ffi.unpack(args.dims, args.num_dims)) if args.num_dims else ()
+            finally:
+                self._end()
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
         """The numpy dtype (ml_dtypes for bfloat16 and the 8-bit floats)."""
         if self._dtype is None:
-            args = self._lib.invoke("PJRT_Buffer_ElementType", buffer=self._handle())
+            args = self._invoke("PJRT_Buffer_ElementType")
             self._dtype = numpy_dtype_of(int(ffi.cast("int", args.type)))
         return self._dtype
 
@@ -351,48 +387,66 @@ class Buffer:
 
     @property
     def device(self) -> Device:
-        return self._client._device(self._lib.invoke("PJRT_Buffer_Device", buffer=self._handle()).device)
+        return self._client._device(self._invoke("PJRT_Buffer_Device").device)
 
     @property
     def memory(self) -> Memory:
-        return self._client._memory(self._lib.invoke("PJRT_Buffer_Memory", buffer=self._handle()).memory)
+        return self._client._memory(self._invoke("PJRT_Buffer_Memory").memory)
 
     @property
     def on_device_size(self) -> int:
         """Bytes the buffer occupies on the device (may exceed nbytes: padding, tiling)."""
-        args = self._lib.invoke("PJRT_Buffer_OnDeviceSizeInBytes", buffer=self._handle())
+        args = self._invoke("PJRT_Buffer_OnDeviceSizeInBytes")
         return int(args.on_device_size_in_bytes)
 
     # -- readiness -------------------------------------------------------------------
 
-    def _ready_event(self) -> Any:
+    def _ready_event(self, ptr: Any) -> Any:
         args = scratch_args("PJRT_Buffer_ReadyEvent_Args")
-        args.buffer = self._handle()
+        args.buffer = ptr
         self._lib.call("PJRT_Buffer_ReadyEvent", args)
         return args.event
 
     @property
     def is_ready(self) -> bool:
         """Whether the data is computed (or failed); never blocks."""
-        event = self._ready_event()
+        ptr = self._begin()
         try:
-            return self._lib.event_is_ready(event)
+            event = self._ready_event(ptr)
+            try:
+                return self._lib.event_is_ready(event)
+            finally:
+                self._lib.destroy_event(event)
         finally:
-            self._lib.destroy_event(event)
+            self._end()
 
     def block_until_ready(self) -> Buffer:
         """Wait (GIL released) until the data is computed; raises the computation's error."""
         if not self._ready:
-            self._lib.await_event(self._ready_event(), "PJRT_Buffer_ReadyEvent")
-            self._ready = True
+            ptr = self._begin()
+            try:
+                self._await_ready(ptr)
+            finally:
+                self._end()
         return self
+
+    def _await_ready(self, ptr: Any) -> None:
+        """block_until_ready within a counted call (``ptr`` from :meth:`_begin`)."""
+        if not self._ready:
+            self._lib.await_event(self._ready_event(ptr), "PJRT_Buffer_ReadyEvent")
+            self._ready = True
 
     # -- to host ---------------------------------------------------------------------
 
     def read_plan(self) -> ReadPlan:
         """How :meth:`to_numpy` brings this buffer to the host (asked of the plugin once)."""
         if self._plan is None:
-            self._plan = _read_plan(self._lib, self._handle(), len(self.shape))
+            ndim = len(self.shape)
+            ptr = self._begin()
+            try:
+                self._plan = _read_plan(self._lib, ptr, ndim)
+            finally:
+                self._end()
         return self._plan
 
     def host_readable(self) -> bool:
@@ -408,7 +462,14 @@ class Buffer:
         (say a column block) costs one copy too where the host reads the buffer in place
         (:meth:`host_view`); elsewhere the bytes come through a temporary array.
         """
-        ptr = self._handle()
+        ptr = self._begin()
+        try:
+            return self._to_numpy(ptr, out)
+        finally:
+            self._end()
+
+    def _to_numpy(self, ptr: Any, out: np.ndarray | None) -> np.ndarray:
+        """to_numpy within a counted call (``ptr`` from :meth:`_begin`)."""
         if out is None:
             out = np.empty(self.shape, self.dtype)
             contiguous = True
@@ -444,20 +505,16 @@ class Buffer:
     def _read_direct(self, ptr: Any, out: np.ndarray) -> np.ndarray:
         """Copy the bytes of a (small) buffer in host memory, pinned while we copy.
 
-        The lock is held for the copy, so a concurrent ``delete()`` or ``close()`` waits for it.
+        Runs within a counted call, so a concurrent ``delete()`` or ``close()`` frees nothing before it ends.
         """
-        if not self._ready:
-            self.block_until_ready()
+        self._await_ready(ptr)
         lib = self._lib
-        with _pin_lock:
-            if self._ptr is not ptr or self._client._closed:  # freed meanwhile: raise as usual
-                ptr = self._handle()
-            address = _pin(lib, ptr)
-            try:
-                if out.nbytes:
-                    ffi.memmove(out, address, out.nbytes)
-            finally:
-                _unpin(lib, ptr)
+        address = _pin(lib, ptr)
+        try:
+            if out.nbytes:
+                ffi.memmove(out, address, out.nbytes)
+        finally:
+            _unpin(lib, ptr)
         return out
 
     def host_view(self) -> np.ndarray:
@@ -532,13 +589,17 @@ class Buffer:
     def copy_to_device(self, device: Device | int) -> Buffer:
         """A copy of this buffer on another device of the same client."""
         target = self._client._resolve_device(device)
-        args = self._lib.invoke("PJRT_Buffer_CopyToDevice", buffer=self._handle(), dst_device=target._ptr)
-        return Buffer(self._client, args.dst_buffer, self._shape, self._dtype)
+        ptr = self._begin()
+        try:
+            args = self._lib.invoke("PJRT_Buffer_CopyToDevice", buffer=ptr, dst_device=target._ptr)
+            return Buffer(self._client, args.dst_buffer, self._shape, self._dtype)
+        finally:
+            self._end()
 
     def __repr__(self) -> str:
         if self._ptr is None or self._client._closed:
             return "<pjrt Buffer (deleted)>"
         try:
             return f"<pjrt Buffer shape={self.shape} dtype={self.dtype} device={self.device.id}>"
-        except PjrtError:
+        except (PjrtError, ValueError, ClientClosedError):  # e.g. deleted by another thread meanwhile
             return "<pjrt Buffer>"

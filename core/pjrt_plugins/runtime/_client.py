@@ -1,8 +1,9 @@
 """Client, Device and Memory: a PJRT client on one plugin, and the hardware it exposes.
 
 A Client owns its PJRT_Client and every Buffer and Executable made from it: closing the
-client releases them first, so no destroy order can crash. Options are validated in
-Python before ``PJRT_Client_Create``; a mistyped option never reaches the plugin.
+client releases them first, so no destroy order can crash, and waits for the calls other
+threads are making on any of them (see ``_inflight``). Options are validated in Python
+before ``PJRT_Client_Create``; a mistyped option never reaches the plugin.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ from ._cdef import ffi
 from ._compile_options import CompileOptions
 from ._dtypes import pjrt_type_of
 from ._executable import Executable
+from ._inflight import wait_for_calls
 from ._kv import KvCallbacks
 from ._library import Library, load_library, new_args, unpack_text, version_text
 from ._named_values import EncodedNamedValues, decode_named_values
@@ -34,6 +37,8 @@ _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
 _UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _dims_cache: dict[tuple[int, ...], Any] = {}
+#: At interpreter exit, how long a client's close waits for calls still running on other threads.
+EXIT_CLOSE_TIMEOUT_S = 10.0
 
 
 def _attempt(errors: list[Exception], step: Any, *args: Any, **kwargs: Any) -> bool:
@@ -57,7 +62,7 @@ def _dims(shape: tuple[int, ...]) -> Any:
 
 class _ClientPart:
     """A device or memory space of a client. The plugin frees these with the client, so every
-    C call on one first checks that the client is still open (ClientClosedError otherwise)."""
+    C call on one is a counted call on the client (ClientClosedError once it is closed)."""
 
     def __init__(self, client: Client, ptr: Any) -> None:
         self._client_ref = weakref.ref(client)
@@ -68,9 +73,14 @@ class _ClientPart:
     def client(self) -> Client:
         return _alive(self._client_ref)
 
+    def _call(self) -> Any:
+        """``with self._call():`` a counted call on the client; read what the plugin returns inside it."""
+        return _alive(self._client_ref)._call()
+
     def _invoke(self, function: str, **fields: Any) -> Any:
-        _alive(self._client_ref)
-        return self._lib.invoke(function, **fields)
+        """``function(**fields)`` for results that are plain numbers (read after the call)."""
+        with self._call():
+            return self._lib.invoke(function, **fields)
 
     def _to_string(self) -> str:
         raise NotImplementedError
@@ -88,8 +98,9 @@ class Memory(_ClientPart):
     def __init__(self, client: Client, ptr: Any) -> None:
         super().__init__(client, ptr)
         self.id = int(self._invoke("PJRT_Memory_Id", memory=ptr).id)
-        args = self._invoke("PJRT_Memory_Kind", memory=ptr)
-        self.kind = unpack_text(args.kind, args.kind_size)
+        with self._call():
+            args = self._lib.invoke("PJRT_Memory_Kind", memory=ptr)
+            self.kind = unpack_text(args.kind, args.kind_size)
 
     @property
     def kind_id(self) -> int:
@@ -97,12 +108,14 @@ class Memory(_ClientPart):
 
     @property
     def addressable_by_devices(self) -> list[Device]:
-        args = self._invoke("PJRT_Memory_AddressableByDevices", memory=self._ptr)
-        return [self.client._device(args.devices[i]) for i in range(args.num_devices)]
+        with self._call():
+            args = self._lib.invoke("PJRT_Memory_AddressableByDevices", memory=self._ptr)
+            return [self.client._device(args.devices[i]) for i in range(args.num_devices)]
 
     def _to_string(self) -> str:
-        args = self._invoke("PJRT_Memory_ToString", memory=self._ptr)
-        return unpack_text(args.to_string, args.to_string_size)
+        with self._call():
+            args = self._lib.invoke("PJRT_Memory_ToString", memory=self._ptr)
+            return unpack_text(args.to_string, args.to_string_size)
 
     def __repr__(self) -> str:
         return f"<pjrt Memory id={self.id} kind={self.kind!r}>"
@@ -113,14 +126,16 @@ class Device(_ClientPart):
 
     def __init__(self, client: Client, ptr: Any) -> None:
         super().__init__(client, ptr)
-        self._description = desc = self._invoke("PJRT_Device_GetDescription", device=ptr).device_description
-        self.id = int(self._invoke("PJRT_DeviceDescription_Id", device_description=desc).id)
-        self.process_index = int(
-            self._invoke("PJRT_DeviceDescription_ProcessIndex", device_description=desc).process_index
-        )
-        args = self._invoke("PJRT_DeviceDescription_Kind", device_description=desc)
-        self.kind = unpack_text(args.device_kind, args.device_kind_size)
-        self.is_addressable = bool(self._invoke("PJRT_Device_IsAddressable", device=ptr).is_addressable)
+        lib = self._lib
+        with self._call():
+            self._description = desc = lib.invoke("PJRT_Device_GetDescription", device=ptr).device_description
+            self.id = int(lib.invoke("PJRT_DeviceDescription_Id", device_description=desc).id)
+            self.process_index = int(
+                lib.invoke("PJRT_DeviceDescription_ProcessIndex", device_description=desc).process_index
+            )
+            args = lib.invoke("PJRT_DeviceDescription_Kind", device_description=desc)
+            self.kind = unpack_text(args.device_kind, args.device_kind_size)
+            self.is_addressable = bool(lib.invoke("PJRT_Device_IsAddressable", device=ptr).is_addressable)
         self._attributes: dict[str, Any] | None = None
         self._local_hardware_id: int | None = None
         self._read_plan: Any = None  # how buffers put here are read back (same for all of them)
@@ -136,14 +151,16 @@ class Device(_ClientPart):
     @property
     def attributes(self) -> dict[str, Any]:
         if self._attributes is None:
-            args = self._invoke("PJRT_DeviceDescription_Attributes", device_description=self._description)
-            self._attributes = decode_named_values(args.attributes, args.num_attributes)
+            with self._call():
+                args = self._lib.invoke("PJRT_DeviceDescription_Attributes", device_description=self._description)
+                self._attributes = decode_named_values(args.attributes, args.num_attributes)
         return dict(self._attributes)
 
     @property
     def memories(self) -> list[Memory]:
-        args = self._invoke("PJRT_Device_AddressableMemories", device=self._ptr)
-        return [self.client._memory(args.memories[i]) for i in range(args.num_memories)]
+        with self._call():
+            args = self._lib.invoke("PJRT_Device_AddressableMemories", device=self._ptr)
+            return [self.client._memory(args.memories[i]) for i in range(args.num_memories)]
 
     @property
     def default_memory(self) -> Memory:
@@ -151,12 +168,14 @@ class Device(_ClientPart):
 
     @property
     def debug_string(self) -> str:
-        args = self._invoke("PJRT_DeviceDescription_DebugString", device_description=self._description)
-        return unpack_text(args.debug_string, args.debug_string_size)
+        with self._call():
+            args = self._lib.invoke("PJRT_DeviceDescription_DebugString", device_description=self._description)
+            return unpack_text(args.debug_string, args.debug_string_size)
 
     def _to_string(self) -> str:
-        args = self._invoke("PJRT_DeviceDescription_ToString", device_description=self._description)
-        return unpack_text(args.to_string, args.to_string_size)
+        with self._call():
+            args = self._lib.invoke("PJRT_DeviceDescription_ToString", device_description=self._description)
+            return unpack_text(args.to_string, args.to_string_size)
 
     def __repr__(self) -> str:
         return f"<pjrt Device id={self.id} kind={self.kind!r} process_index={self.process_index}>"
@@ -175,6 +194,10 @@ class Client:
     ``options`` are checked against ``schema`` (``{name: type}``) before the C call:
     an unknown name raises ValueError listing the known ones, a wrong type raises
     TypeError. ``kv_store`` (get/try_get/put) is wired to the plugin's KV callbacks.
+
+    Thread-safe: any thread may upload, compile, execute and read on one client at once,
+    and ``close()`` on one thread waits for the calls running on others (new calls then
+    raise :class:`ClientClosedError`).
     """
 
     def __init__(
@@ -187,8 +210,13 @@ class Client:
         plugin_name: str | None = None,
         initialize_timeout: float | None = None,
     ) -> None:
-        self._closed = True  # until PJRT_Client_Create succeeds
+        self._closed = True  # until PJRT_Client_Create succeeds; then set first thing by close()
+        self._released = True  # until PJRT_Client_Create succeeds; then set once close() has freed it all
         self._ptr = ffi.NULL
+        self._calls: list = []  # calls in flight on this client and on what it owns (see _inflight)
+        self._running: list = []  # frames of the executes in flight, with their arguments
+        self._deferred: list = []  # buffers and executables deleted while calls used them
+        self._lock = threading.RLock()
         self._pins = 0  # host views (Buffer.host_view) alive on this client's buffers: close() waits for none
         self._kv: KvCallbacks | None = None
         lib = library if isinstance(library, Library) else load_library(library)
@@ -210,8 +238,7 @@ class Client:
                 args.kv_try_get_callback = self._kv.try_get
         lib.call("PJRT_Client_Create", args)
         self._ptr = args.client
-        self._closed = False
-        self._lock = threading.RLock()
+        self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
         self._pending_host: list[tuple[Any, Any]] = []
@@ -246,26 +273,31 @@ class Client:
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Release every buffer and executable of this client, then destroy the client.
 
-        Buffers and executables still referenced elsewhere become unusable (ValueError).
-        Raises :class:`BufferViewedError` (and closes nothing) while host views of its
-        buffers (``Buffer.host_view()``) are alive. A handle the plugin fails to destroy
-        does not stop the rest: everything is released, then the first error is raised.
+        New calls on the client and everything it owns raise :class:`ClientClosedError` at
+        once; calls already running on other threads are waited for (at most ``timeout``
+        seconds: then :class:`TimeoutError`, and a later ``close()`` finishes the job).
+        Buffers and executables still referenced elsewhere become unusable. Raises
+        :class:`BufferViewedError` (and closes nothing) while host views of its buffers
+        (``Buffer.host_view()``) are alive. A handle the plugin fails to destroy does not
+        stop the rest: everything is released, then the first error is raised.
         """
-        if self._closed:
+        if self._released:
             return
+        with _pin_lock:  # no view can be taken once the client is marked closed
+            if self._pins:
+                raise BufferViewedError(
+                    f"cannot close the client on {self.plugin_name!r}: {self._pins} host view(s) of its "
+                    "buffers are alive; drop them (and every array made from them) first"
+                )
+            self._closed = True
+        wait_for_calls(self._calls, timeout, f"the client on {self.plugin_name!r}")
         with self._lock:
-            if self._closed:
+            if self._released:
                 return
-            with _pin_lock:  # no view can be taken once the client is marked closed
-                if self._pins:
-                    raise BufferViewedError(
-                        f"cannot close the client on {self.plugin_name!r}: {self._pins} host view(s) of its "
-                        "buffers are alive; drop them (and every array made from them) first"
-                    )
-                self._closed = True
+            self._released = True
             # Every step runs even when one fails, so one bad handle cannot leak the rest.
             errors: list[Exception] = []
             while self._live_buffers:
@@ -280,6 +312,7 @@ class Client:
                 except KeyError:
                     break
                 _attempt(errors, self._destroy_executable, entry)
+            self._deferred.clear()  # their registry entries were released above
             _attempt(errors, self._drain_pending_host, wait=True)
             ptr, self._ptr = self._ptr, ffi.NULL
             _live_clients.discard(self)
@@ -296,14 +329,44 @@ class Client:
         """The live ``PJRT_Client*`` (a cffi pointer), for raw C API calls through ``self.library.call``.
 
         Build the args with :func:`pjrt_plugins.runtime.new_args`. The pointer is valid only
-        while the client is open; raises :class:`ClientClosedError` once it is closed.
+        while the client is open; raises :class:`ClientClosedError` once it is closed. Raw
+        calls are not counted: do not close the client while one runs on another thread.
         """
-        return self._check_open()
-
-    def _check_open(self) -> Any:
         if self._closed:
-            raise ClientClosedError(f"this client on {self.plugin_name!r} has been closed")
+            raise self._closed_error()
         return self._ptr
+
+    def _closed_error(self) -> ClientClosedError:
+        return ClientClosedError(f"this client on {self.plugin_name!r} has been closed")
+
+    def _enter(self) -> Any:
+        """Count a call on this client (close() waits for it) and return the PJRT_Client*.
+
+        Raises :class:`ClientClosedError` once the client is closed. Pair with :meth:`_exit`.
+        """
+        calls = self._calls
+        calls.append(None)
+        if self._closed:
+            calls.pop()
+            raise self._closed_error()
+        return self._ptr
+
+    def _exit(self) -> None:
+        self._calls.pop()
+
+    @contextmanager
+    def _call(self) -> Iterator[Any]:
+        """``with client._call() as ptr:`` a counted call; read what the plugin returns inside it."""
+        ptr = self._enter()
+        try:
+            yield ptr
+        finally:
+            self._calls.pop()
+
+    def _invoke(self, function: str, **fields: Any) -> Any:
+        """``function(client=..., **fields)`` for results that are plain numbers (read after the call)."""
+        with self._call() as ptr:
+            return self._lib.invoke(function, client=ptr, **fields)
 
     def _destroy_buffer(self, entry: tuple[Any, Any], host: Any, wait: bool = False) -> None:
         """Destroy a buffer handle; keep ``host`` until its done-with-host event fires."""
@@ -365,56 +428,60 @@ class Client:
     @property
     def platform_name(self) -> str:
         if self._platform_name is None:
-            args = self._lib.invoke("PJRT_Client_PlatformName", client=self._check_open())
-            self._platform_name = unpack_text(args.platform_name, args.platform_name_size)
+            with self._call() as ptr:
+                args = self._lib.invoke("PJRT_Client_PlatformName", client=ptr)
+                self._platform_name = unpack_text(args.platform_name, args.platform_name_size)
         return self._platform_name
 
     @property
     def platform_version(self) -> str:
         if self._platform_version is None:
-            args = self._lib.invoke("PJRT_Client_PlatformVersion", client=self._check_open())
-            self._platform_version = unpack_text(args.platform_version, args.platform_version_size)
+            with self._call() as ptr:
+                args = self._lib.invoke("PJRT_Client_PlatformVersion", client=ptr)
+                self._platform_version = unpack_text(args.platform_version, args.platform_version_size)
         return self._platform_version
 
     @property
     def process_index(self) -> int:
-        return int(self._lib.invoke("PJRT_Client_ProcessIndex", client=self._check_open()).process_index)
+        return int(self._invoke("PJRT_Client_ProcessIndex").process_index)
 
     @property
     def devices(self) -> list[Device]:
         """Every device the client sees, addressable or not."""
         if self._devices is None:
-            args = self._lib.invoke("PJRT_Client_Devices", client=self._check_open())
-            self._devices = [self._device(args.devices[i]) for i in range(args.num_devices)]
+            with self._call() as ptr:
+                args = self._lib.invoke("PJRT_Client_Devices", client=ptr)
+                self._devices = [self._device(args.devices[i]) for i in range(args.num_devices)]
         return list(self._devices)
 
     @property
     def addressable_devices(self) -> list[Device]:
         """The devices this process can run on."""
         if self._addressable is None:
-            args = self._lib.invoke("PJRT_Client_AddressableDevices", client=self._check_open())
-            self._addressable = [
-                self._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
-            ]
+            with self._call() as ptr:
+                args = self._lib.invoke("PJRT_Client_AddressableDevices", client=ptr)
+                self._addressable = [
+                    self._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
+                ]
         return list(self._addressable)
 
     @property
     def memories(self) -> list[Memory]:
-        args = self._lib.invoke("PJRT_Client_AddressableMemories", client=self._check_open())
-        return [self._memory(args.addressable_memories[i]) for i in range(args.num_addressable_memories)]
+        with self._call() as ptr:
+            args = self._lib.invoke("PJRT_Client_AddressableMemories", client=ptr)
+            return [self._memory(args.addressable_memories[i]) for i in range(args.num_addressable_memories)]
 
     def lookup_device(self, device_id: int) -> Device:
         """The device whose id is ``device_id``; PjrtError if there is none."""
-        args = self._lib.invoke("PJRT_Client_LookupDevice", client=self._check_open(), id=int(device_id))
-        return self._device(args.device)
+        with self._call() as ptr:
+            return self._device(self._lib.invoke("PJRT_Client_LookupDevice", client=ptr, id=int(device_id)).device)
 
     def lookup_addressable_device(self, local_hardware_id: int) -> Device:
-        args = self._lib.invoke(
-            "PJRT_Client_LookupAddressableDevice",
-            client=self._check_open(),
-            local_hardware_id=int(local_hardware_id),
-        )
-        return self._device(args.addressable_device)
+        with self._call() as ptr:
+            args = self._lib.invoke(
+                "PJRT_Client_LookupAddressableDevice", client=ptr, local_hardware_id=int(local_hardware_id)
+            )
+            return self._device(args.addressable_device)
 
     def default_device_assignment(self, num_replicas: int, num_partitions: int = 1) -> list[list[int]]:
         """Device ids as ``[replica][partition]``, the plugin's default placement."""
@@ -422,9 +489,8 @@ class Client:
             raise ValueError("num_replicas and num_partitions must be >= 1")
         count = num_replicas * num_partitions
         out = ffi.new("int[]", count)
-        self._lib.invoke(
+        self._invoke(
             "PJRT_Client_DefaultDeviceAssignment",
-            client=self._check_open(),
             num_replicas=num_replicas,
             num_partitions=num_partitions,
             default_assignment_size=count,
@@ -477,36 +543,39 @@ class Client:
         lives. Inputs the plugin cannot read as they are (non-contiguous, byte-swapped) are
         always copied first.
         """
-        ptr = self._check_open()
-        target = self._resolve_device(device)
-        array, usable_as_is = host_array(value)
-        host_resident = target._read_plan is not None and target._read_plan.mode == "direct"
-        if not usable_as_is or (copy is not False and host_resident):
-            array = aligned_copy(array)  # private: nobody else can change it
-            zero_copy = True
-        else:
-            zero_copy = copy is False
-        pjrt_type = pjrt_type_of(array.dtype)
-        args = new_args("PJRT_Client_BufferFromHostBuffer_Args")
-        data = ffi.from_buffer(array)
-        args.client = ptr
-        args.data = data
-        args.type = pjrt_type
-        args.dims = _dims(array.shape)
-        args.num_dims = array.ndim
-        args.host_buffer_semantics = _ZERO_COPY if zero_copy else _UNTIL_TRANSFER_COMPLETES
-        args.device = target._ptr
-        self._lib.call("PJRT_Client_BufferFromHostBuffer", args)
-        buffer = Buffer(self, args.buffer, array.shape, array.dtype, target._read_plan)
-        if target._read_plan is None:  # a device's default memory and layout never change
-            target._read_plan = buffer.read_plan()._replace(order=None)
-        event = args.done_with_host_buffer
-        if event != ffi.NULL:
-            if zero_copy or not self._settle_host_event(event, wait=False):
-                buffer._hold_host((array, data), event)
-        if self._pending_host:
-            self._drain_pending_host()
-        return buffer
+        ptr = self._enter()  # a counted call: close() waits for it
+        try:
+            target = self._resolve_device(device)
+            array, usable_as_is = host_array(value)
+            host_resident = target._read_plan is not None and target._read_plan.mode == "direct"
+            if not usable_as_is or (copy is not False and host_resident):
+                array = aligned_copy(array)  # private: nobody else can change it
+                zero_copy = True
+            else:
+                zero_copy = copy is False
+            pjrt_type = pjrt_type_of(array.dtype)
+            args = new_args("PJRT_Client_BufferFromHostBuffer_Args")
+            data = ffi.from_buffer(array)
+            args.client = ptr
+            args.data = data
+            args.type = pjrt_type
+            args.dims = _dims(array.shape)
+            args.num_dims = array.ndim
+            args.host_buffer_semantics = _ZERO_COPY if zero_copy else _UNTIL_TRANSFER_COMPLETES
+            args.device = target._ptr
+            self._lib.call("PJRT_Client_BufferFromHostBuffer", args)
+            buffer = Buffer(self, args.buffer, array.shape, array.dtype, target._read_plan)
+            if target._read_plan is None:  # a device's default memory and layout never change
+                target._read_plan = buffer.read_plan()._replace(order=None)
+            event = args.done_with_host_buffer
+            if event != ffi.NULL:
+                if zero_copy or not self._settle_host_event(event, wait=False):
+                    buffer._hold_host((array, data), event)
+            if self._pending_host:
+                self._drain_pending_host()
+            return buffer
+        finally:
+            self._calls.pop()
 
     # -- programs --------------------------------------------------------------------
 
@@ -523,62 +592,71 @@ class Client:
         bytes, or None (one replica, one partition). ``format`` is the PJRT program format:
         ``"mlir"`` (the default) or ``"hlo"`` for a serialized HloModuleProto.
         """
-        ptr = self._check_open()
-        if isinstance(program, str):
-            code = program.encode("utf-8")
-        elif isinstance(program, (bytes, bytearray, memoryview)):
-            code = bytes(program)
-        else:
-            raise TypeError(f"program must be str or bytes, got {type(program).__name__}")
-        if not code:
-            raise ValueError("cannot compile an empty program")
-        serialized = _serialized_options(CompileOptions() if options is None else options)
-        code_c = ffi.new("char[]", code)
-        format_c = ffi.new("char[]", format.encode("ascii"))
-        options_c = ffi.new("char[]", serialized)
-        prog = new_args("PJRT_Program")
-        prog.code = code_c
-        prog.code_size = len(code)
-        prog.format = format_c
-        prog.format_size = len(format)
-        args = self._lib.invoke(
-            "PJRT_Client_Compile",
-            client=ptr,
-            program=prog,
-            compile_options=options_c,
-            compile_options_size=len(serialized),
-        )
-        return Executable(self, args.executable)
+        ptr = self._enter()
+        try:
+            if isinstance(program, str):
+                code = program.encode("utf-8")
+            elif isinstance(program, (bytes, bytearray, memoryview)):
+                code = bytes(program)
+            else:
+                raise TypeError(f"program must be str or bytes, got {type(program).__name__}")
+            if not code:
+                raise ValueError("cannot compile an empty program")
+            serialized = _serialized_options(CompileOptions() if options is None else options)
+            code_c = ffi.new("char[]", code)
+            format_c = ffi.new("char[]", format.encode("ascii"))
+            options_c = ffi.new("char[]", serialized)
+            prog = new_args("PJRT_Program")
+            prog.code = code_c
+            prog.code_size = len(code)
+            prog.format = format_c
+            prog.format_size = len(format)
+            args = self._lib.invoke(
+                "PJRT_Client_Compile",
+                client=ptr,
+                program=prog,
+                compile_options=options_c,
+                compile_options_size=len(serialized),
+            )
+            return Executable(self, args.executable)
+        finally:
+            self._calls.pop()
 
     def deserialize_executable(self, data: bytes, options: CompileOptions | bytes | None = None) -> Executable:
         """Load an executable made by :meth:`Executable.serialize` on the same plugin version."""
-        ptr = self._check_open()
-        blob = bytes(data)
-        blob_c = ffi.new("char[]", blob)
-        args = new_args("PJRT_Executable_DeserializeAndLoad_Args")
-        args.client = ptr
-        args.serialized_executable = blob_c
-        args.serialized_executable_size = len(blob)
-        keep = None
-        if options is not None:
-            if not self._lib.supports_field(
-                "PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options"
-            ):
-                raise NotImplementedError(
-                    f"{self._lib.name} (PJRT C API {version_text(self._lib.api_version)}) "
-                    "cannot override compile options when loading; that needs PJRT C API 0.71"
-                )
-            serialized = _serialized_options(options)
-            keep = ffi.new("char[]", serialized)
-            args.overridden_serialized_compile_options = keep
-            args.overridden_serialized_compile_options_size = len(serialized)
-        self._lib.call("PJRT_Executable_DeserializeAndLoad", args)
-        return Executable(self, args.loaded_executable)
+        ptr = self._enter()
+        try:
+            blob = bytes(data)
+            blob_c = ffi.new("char[]", blob)
+            args = new_args("PJRT_Executable_DeserializeAndLoad_Args")
+            args.client = ptr
+            args.serialized_executable = blob_c
+            args.serialized_executable_size = len(blob)
+            keep = None
+            if options is not None:
+                if not self._lib.supports_field(
+                    "PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options"
+                ):
+                    raise NotImplementedError(
+                        f"{self._lib.name} (PJRT C API {version_text(self._lib.api_version)}) "
+                        "cannot override compile options when loading; that needs PJRT C API 0.71"
+                    )
+                serialized = _serialized_options(options)
+                keep = ffi.new("char[]", serialized)
+                args.overridden_serialized_compile_options = keep
+                args.overridden_serialized_compile_options_size = len(serialized)
+            self._lib.call("PJRT_Executable_DeserializeAndLoad", args)
+            return Executable(self, args.loaded_executable)
+        finally:
+            self._calls.pop()
 
     def __repr__(self) -> str:
-        if self._closed:
-            return f"<pjrt Client {self.plugin_name!r} (closed)>"
-        return f"<pjrt Client {self.plugin_name!r} platform={self.platform_name!r} devices={len(self.devices)}>"
+        try:
+            if not self._closed:
+                return f"<pjrt Client {self.plugin_name!r} platform={self.platform_name!r} devices={len(self.devices)}>"
+        except ClientClosedError:  # closed by another thread meanwhile
+            pass
+        return f"<pjrt Client {self.plugin_name!r} (closed)>"
 
 
 def _serialized_options(options: CompileOptions | bytes) -> bytes:
@@ -596,8 +674,8 @@ def _close_all_clients() -> None:
     """At interpreter exit, release clients while the plugins' state is still intact."""
     for client in list(_live_clients):
         try:
-            client.close()
-        except BufferViewedError as exc:  # its memory must outlive the views: leave it to the OS
+            client.close(timeout=EXIT_CLOSE_TIMEOUT_S)
+        except (BufferViewedError, TimeoutError) as exc:  # memory still in use: leave it to the OS
             logger.info("not closing a client at exit: %s", exc)
         except Exception:  # noqa: BLE001
             logger.debug("closing a client at exit failed", exc_info=True)

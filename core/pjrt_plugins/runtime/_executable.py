@@ -17,6 +17,7 @@ from ..errors import ClientClosedError, PjrtError, UnsupportedFunctionError
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
+from ._inflight import OwnedHandle
 from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
 from ._proto import length_delimited_fields, varint_fields
@@ -53,7 +54,9 @@ def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np
 class _ExecuteFrame:
     """Preallocated C arrays and args for one (devices, arguments) execute shape; reused."""
 
-    __slots__ = ("args", "inner_args", "inner_outputs", "events", "waits", "await_args", "destroy_args", "_keep")
+    __slots__ = (
+        "args", "inner_args", "inner_outputs", "events", "waits", "await_args", "destroy_args", "arguments", "_keep"
+    )
 
     def __init__(self, loaded: Any, num_devices: int, num_args: int, num_outputs: int) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
@@ -61,6 +64,7 @@ class _ExecuteFrame:
         argument_lists = ffi.new("PJRT_Buffer**[]", self.inner_args)
         output_lists = ffi.new("PJRT_Buffer**[]", self.inner_outputs)
         self.events = ffi.new("PJRT_Event*[]", num_devices)
+        self.arguments: Any = None  # the argument lists of the execute using this frame (see _inflight)
         self.await_args = new_args("PJRT_Event_Await_Args")
         self.destroy_args = new_args("PJRT_Event_Destroy_Args")
         options = new_args("PJRT_ExecuteOptions")
@@ -77,14 +81,22 @@ class _ExecuteFrame:
         self._keep = (argument_lists, output_lists, options)
 
 
-class Executable:
-    """A loaded executable. Use it as a context manager or call delete() to free it early."""
+class Executable(OwnedHandle):
+    """A loaded executable. Use it as a context manager or call delete() to free it early.
+
+    Thread-safe: several threads may execute it at once, and a ``delete()`` (or
+    ``client.close()``) never frees it under an execute or query running on another thread.
+    """
+
+    _KIND = "executable"
+    _REGISTRY = "_live_executables"
 
     def __init__(self, client: Client, loaded: Any) -> None:
         self._client = client
         self._lib = lib = client._lib
-        self._loaded = loaded
-        self._exe: Any = None
+        self._ptr = loaded  # the PJRT_LoadedExecutable; None once deleted
+        self._calls: list = []  # calls in flight on this executable (see _inflight)
+        self._exe: Any = None  # its PJRT_Executable, used within counted calls only
         try:
             self._exe = lib.invoke("PJRT_LoadedExecutable_GetExecutable", loaded_executable=loaded).executable
         except BaseException:
@@ -100,19 +112,19 @@ class Executable:
     # -- lifetime --------------------------------------------------------------------
 
     def _release(self) -> None:
-        entry = self._client._live_executables.pop(id(self), None)  # atomic: one caller wins
-        self._loaded = self._exe = None
         self._frames = {}
-        if entry is not None:
-            self._client._destroy_executable(entry)
+        self._forget()
+
+    def _destroy(self, entry: tuple[Any, Any]) -> None:
+        self._client._destroy_executable(entry)
 
     def delete(self) -> None:
-        """Free the executable now; later use raises ValueError."""
+        """Free the executable (once executes running on other threads have ended); later use raises ValueError."""
         self._release()
 
     @property
     def is_deleted(self) -> bool:
-        return self._loaded is None or self._client._closed
+        return self._ptr is None or self._client._closed
 
     def __enter__(self) -> Executable:
         return self
@@ -122,17 +134,10 @@ class Executable:
 
     def __del__(self) -> None:
         try:
-            if self._loaded is not None:
+            if self._ptr is not None:
                 self._release()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
-
-    def _handles(self) -> tuple[Any, Any]:
-        if self._loaded is None:
-            raise ValueError("this executable has been deleted")
-        if self._client._closed:
-            raise ClientClosedError("this executable's client has been closed")
-        return self._loaded, self._exe
 
     # -- facts -----------------------------------------------------------------------
 
@@ -141,8 +146,10 @@ class Executable:
         return self._client
 
     def _invoke(self, function: str) -> Any:
-        """``function`` called on this PJRT_Executable; returns its args struct."""
-        return self._lib.invoke(function, executable=self._handles()[1])
+        """``function`` called on this PJRT_Executable; returns its args struct (plain numbers only:
+        what the plugin points to must be read within ``with self._call():``)."""
+        with self._call():
+            return self._lib.invoke(function, executable=self._exe)
 
     def _size_fact(self, function: str, field: str) -> int:
         if field not in self._facts:
@@ -152,8 +159,9 @@ class Executable:
     @property
     def name(self) -> str:
         if "name" not in self._facts:
-            args = self._invoke("PJRT_Executable_Name")
-            self._facts["name"] = unpack_text(args.executable_name, args.executable_name_size)
+            with self._call():
+                args = self._lib.invoke("PJRT_Executable_Name", executable=self._exe)
+                self._facts["name"] = unpack_text(args.executable_name, args.executable_name_size)
         return self._facts["name"]
 
     @property
@@ -172,12 +180,13 @@ class Executable:
     def output_shapes(self) -> list[tuple[int, ...]]:
         """The shape of each output (per device)."""
         if "output_shapes" not in self._facts:
-            args = self._invoke("PJRT_Executable_OutputDimensions")
-            shapes, start = [], 0
-            for i in range(args.num_outputs):
-                rank = int(args.dim_sizes[i])
-                shapes.append(tuple(int(args.dims[start + j]) for j in range(rank)))
-                start += rank
+            with self._call():
+                args = self._lib.invoke("PJRT_Executable_OutputDimensions", executable=self._exe)
+                shapes, start = [], 0
+                for i in range(args.num_outputs):
+                    rank = int(args.dim_sizes[i])
+                    shapes.append(tuple(int(args.dims[start + j]) for j in range(rank)))
+                    start += rank
             self._facts["output_shapes"] = shapes
         return list(self._facts["output_shapes"])
 
@@ -185,10 +194,11 @@ class Executable:
     def output_dtypes(self) -> list[np.dtype]:
         """The numpy dtype of each output (per device)."""
         if "output_dtypes" not in self._facts:
-            args = self._invoke("PJRT_Executable_OutputElementTypes")
-            self._facts["output_dtypes"] = [
-                numpy_dtype_of(int(ffi.cast("int", args.output_types[i]))) for i in range(args.num_output_types)
-            ]
+            with self._call():
+                args = self._lib.invoke("PJRT_Executable_OutputElementTypes", executable=self._exe)
+                self._facts["output_dtypes"] = [
+                    numpy_dtype_of(int(ffi.cast("int", args.output_types[i]))) for i in range(args.num_output_types)
+                ]
         return list(self._facts["output_dtypes"])
 
     @property
@@ -210,8 +220,9 @@ class Executable:
 
     @property
     def output_memory_kinds(self) -> list[str]:
-        args = self._invoke("PJRT_Executable_OutputMemoryKinds")
-        return [unpack_text(args.memory_kinds[i], args.memory_kind_sizes[i]) for i in range(args.num_outputs)]
+        with self._call():
+            args = self._lib.invoke("PJRT_Executable_OutputMemoryKinds", executable=self._exe)
+            return [unpack_text(args.memory_kinds[i], args.memory_kind_sizes[i]) for i in range(args.num_outputs)]
 
     @property
     def fingerprint(self) -> str | None:
@@ -219,9 +230,10 @@ class Executable:
         if "fingerprint" not in self._facts:
             value = None
             try:
-                args = self._invoke("PJRT_Executable_Fingerprint")
-                if args.executable_fingerprint != ffi.NULL:
-                    value = unpack_text(args.executable_fingerprint, args.executable_fingerprint_size)
+                with self._call():
+                    args = self._lib.invoke("PJRT_Executable_Fingerprint", executable=self._exe)
+                    if args.executable_fingerprint != ffi.NULL:
+                        value = unpack_text(args.executable_fingerprint, args.executable_fingerprint_size)
             except UnsupportedFunctionError:
                 value = None
             except PjrtError as exc:
@@ -232,27 +244,30 @@ class Executable:
 
     def cost_analysis(self) -> dict[str, Any]:
         """The plugin's cost properties (flops, bytes accessed, ...), possibly empty."""
-        args = self._invoke("PJRT_Executable_GetCostAnalysis")
-        return decode_named_values(args.properties, args.num_properties)
+        with self._call():
+            args = self._lib.invoke("PJRT_Executable_GetCostAnalysis", executable=self._exe)
+            return decode_named_values(args.properties, args.num_properties)
 
     @property
     def addressable_devices(self) -> list[Device]:
         """The devices this executable runs on, in the order execute() takes argument lists."""
         if self._addressable is None:
-            args = self._lib.invoke("PJRT_LoadedExecutable_AddressableDevices", executable=self._handles()[0])
-            self._addressable = [
-                self._client._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
-            ]
+            with self._call() as loaded:
+                args = self._lib.invoke("PJRT_LoadedExecutable_AddressableDevices", executable=loaded)
+                self._addressable = [
+                    self._client._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
+                ]
         return list(self._addressable)
 
     def optimized_program(self) -> tuple[str, bytes]:
         """``(format, code)`` of the optimized program, e.g. ``"hlo_with_config"`` and its bytes."""
         program = new_args("PJRT_Program")
-        args = self._lib.invoke("PJRT_Executable_OptimizedProgram", executable=self._handles()[1], program=program)
-        code = ffi.new("char[]", max(1, int(program.code_size)))  # the second call fills it
-        program.code = code
-        self._lib.call("PJRT_Executable_OptimizedProgram", args)
-        return unpack_text(program.format, program.format_size), ffi.unpack(code, program.code_size)
+        with self._call():
+            args = self._lib.invoke("PJRT_Executable_OptimizedProgram", executable=self._exe, program=program)
+            code = ffi.new("char[]", max(1, int(program.code_size)))  # the second call fills it
+            program.code = code
+            self._lib.call("PJRT_Executable_OptimizedProgram", args)
+            return unpack_text(program.format, program.format_size), ffi.unpack(code, program.code_size)
 
     def optimized_hlo_module(self) -> bytes:
         """The optimized program as a serialized ``xla.HloModuleProto`` (e.g. for jaxlib's ``HloModule``).
@@ -281,12 +296,13 @@ class Executable:
 
     def serialize(self) -> bytes:
         """Plugin-specific bytes for :meth:`Client.deserialize_executable` (same plugin build)."""
-        args = self._invoke("PJRT_Executable_Serialize")
-        try:
-            return ffi.unpack(args.serialized_bytes, args.serialized_bytes_size)
-        finally:
-            if args.serialized_executable_deleter != ffi.NULL:
-                args.serialized_executable_deleter(args.serialized_executable)
+        with self._call():
+            args = self._lib.invoke("PJRT_Executable_Serialize", executable=self._exe)
+            try:
+                return ffi.unpack(args.serialized_bytes, args.serialized_bytes_size)
+            finally:
+                if args.serialized_executable_deleter != ffi.NULL:
+                    args.serialized_executable_deleter(args.serialized_executable)
 
     # -- execution -------------------------------------------------------------------
 
@@ -305,10 +321,6 @@ class Executable:
         execution error as PjrtError; with ``wait=False`` errors surface when the outputs
         are read.
         """
-        loaded = self._loaded
-        client = self._client
-        if loaded is None or client._closed:
-            self._handles()  # raises the right error
         if isinstance(args_per_device, Buffer) or (
             len(args_per_device) and isinstance(args_per_device[0], Buffer)
         ):
@@ -319,15 +331,24 @@ class Executable:
         if num_devices == 0:
             raise ValueError("execute() needs at least one argument list (one per device)")
         num_args = len(args_per_device[0])
-        key = (num_devices, num_args)
-        pool = self._frames.get(key)
-        if pool is None:
-            pool = self._frames[key] = []
-        frame = pool.pop() if pool else _ExecuteFrame(loaded, num_devices, num_args, self.num_outputs)
+        loaded = self._begin()  # a counted call (see _inflight): delete() or close() elsewhere waits for it
         try:
-            return self._execute(frame, loaded, args_per_device, num_args, device, wait)
+            key = (num_devices, num_args)
+            pool = self._frames.get(key)
+            if pool is None:
+                pool = self._frames[key] = []
+            frame = pool.pop() if pool else _ExecuteFrame(loaded, num_devices, num_args, self.num_outputs)
+            frame.arguments = args_per_device
+            running = self._client._running
+            running.append(frame)  # before the arguments' handles are read: their delete() now waits too
+            try:
+                return self._execute(frame, loaded, args_per_device, num_args, device, wait)
+            finally:
+                running.remove(frame)
+                frame.arguments = None
+                pool.append(frame)
         finally:
-            pool.append(frame)
+            self._end()
 
     def _output_template(self) -> list[tuple[Any, Any, Any]]:
         """``[(shape, dtype, read plan)]`` given to each new output buffer (None: ask later)."""
@@ -365,6 +386,7 @@ class Executable:
     ) -> list[list[Buffer]]:
         client = self._client
         params = self._checked_parameters(num_args)
+        template = self._output_template()  # facts asked before the call: a delete() meanwhile cannot fail them
         for d, (arg_list, inner) in enumerate(zip(args_per_device, frame.inner_args)):
             if len(arg_list) != num_args:
                 raise ValueError(
@@ -398,7 +420,6 @@ class Executable:
         elif args.execute_device:
             args.execute_device = ffi.NULL
         self._lib.call("PJRT_LoadedExecutable_Execute", args)
-        template = self._output_template()
         outputs = [
             [Buffer(client, inner[i], shape, dtype, plan, wait) for i, (shape, dtype, plan) in enumerate(template)]
             for inner in frame.inner_outputs
@@ -420,7 +441,10 @@ class Executable:
                         buf._release()
                 raise first_error
         if "output_plans" not in self._facts and outputs:  # an output's memory and layout never change
-            self._facts["output_plans"] = [buf.read_plan() for buf in outputs[0]]
+            try:
+                self._facts["output_plans"] = [buf.read_plan() for buf in outputs[0]]
+            except ClientClosedError:  # closed by another thread, which waits for this call: ask next time
+                pass
         return outputs
 
     def __repr__(self) -> str:
