@@ -159,3 +159,21 @@ class HostViewUnavailableError(PjrtPluginsError, NotImplementedError):
 class BufferViewedError(PjrtPluginsError, BufferError):
     """A buffer, or the client owning it, was to be freed while host views of it (``Buffer.host_view()``)
     are alive; drop the views (every numpy array made from them) first."""
+
+
+class ExecutionStuckError(PjrtPluginsError, TimeoutError):
+    """A program's execution did not complete: its wait passed ``Executable.execute``'s ``timeout``, or
+    (for plugins whose devices are host threads) the process used no CPU for ``stall_timeout`` seconds.
+
+    ``program`` is the executable's name, ``devices`` the ids of the devices whose part had not
+    completed, ``waited`` the seconds waited and ``reason`` ``"timeout"`` or ``"stalled"``. The
+    execution is still in the plugin, which cannot cancel it: its outputs were released, and the
+    client is no longer destroyed by ``close()`` (that would wait forever for its threads).
+    """
+
+    def __init__(self, message: str, *, program: str, devices: list[int], waited: float, reason: str):
+        self.program = program
+        self.devices = devices
+        self.waited = waited
+        self.reason = reason
+        super().__init__(message)

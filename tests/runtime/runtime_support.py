@@ -73,6 +73,32 @@ module @busy {{
 """
 
 
+def busy_dot_loop(iterations: int, size: int = 32) -> str:
+    """Like :func:`busy_loop`, with a ``size``-square matrix product in each step: enough work that
+    the CPU plugin dispatches it asynchronously (it runs programs under 1000 flops inline, inside
+    the Execute call), so ``execute()`` spends its time waiting for the device-complete event."""
+    t = f"tensor<{size}x{size}xf32>"
+    return f"""
+module @busy_dot {{
+  func.func public @main(%x: {t}) -> {t} {{
+    %zero = stablehlo.constant dense<0> : tensor<i64>
+    %one = stablehlo.constant dense<1> : tensor<i64>
+    %limit = stablehlo.constant dense<{iterations}> : tensor<i64>
+    %result:2 = stablehlo.while(%i = %zero, %m = %x) : tensor<i64>, {t}
+      cond {{
+        %lt = stablehlo.compare LT, %i, %limit : (tensor<i64>, tensor<i64>) -> tensor<i1>
+        stablehlo.return %lt : tensor<i1>
+      }} do {{
+        %next = stablehlo.add %i, %one : tensor<i64>
+        %p = stablehlo.dot_general %m, %m, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}
+        stablehlo.return %next, %p : tensor<i64>, {t}
+      }}
+    return %result#1 : {t}
+  }}
+}}
+"""
+
+
 def _context():
     from jaxlib.mlir import ir
     from jaxlib.mlir._mlir_libs import _jax_mlir_ext

@@ -17,6 +17,10 @@
  *   SHIM_NOT_ON_CPU        PJRT_Buffer_IsOnCpu answers false (buffers look like device memory)
  *   SHIM_FAIL_BUFFER_DESTROY  PJRT_Buffer_Destroy frees the buffer, then returns an error
  *   SHIM_FAIL_EVENT_IS_READY  PJRT_Event_IsReady returns an error
+ *   SHIM_STUCK_EXECUTE     an execution's device-complete events never become ready (the real
+ *                          execution runs; its events are swapped for ones that never fire),
+ *                          as when devices deadlock inside a plugin
+ *   SHIM_RECORD_LAUNCH_IDS each Execute notes "launch=<PJRT_ExecuteOptions.launch_id>;"
  *   (with either, shim_report() counts buffer_destroy; executable_destroy; client_destroy;)
  *   SHIM_CHECK_LIFETIMES   remember every client, buffer and loaded executable destroyed (until the
  *                          plugin hands out the same address again); a call on one aborts the
@@ -221,6 +225,57 @@ static PJRT_Error* lt_executable_destroy(PJRT_LoadedExecutable_Destroy_Args* arg
 }
 #endif
 
+#ifdef SHIM_STUCK_EXECUTE
+/* Events that never fire: addresses inside this array, told apart from the real plugin's. */
+static char stuck_events[256];
+static int is_stuck(PJRT_Event* event) {
+  return (char*)event >= stuck_events && (char*)event < stuck_events + sizeof(stuck_events);
+}
+static PJRT_Error* shim_stuck_execute(PJRT_LoadedExecutable_Execute_Args* args) {
+  PJRT_Error* error = real_api->PJRT_LoadedExecutable_Execute(args);
+  if (error != NULL || args->device_complete_events == NULL) return error;
+  for (size_t d = 0; d < args->num_devices && d < sizeof(stuck_events); ++d) {
+    PJRT_Event_Destroy_Args destroy;
+    memset(&destroy, 0, sizeof(destroy));
+    destroy.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+    destroy.event = args->device_complete_events[d];
+    real_api->PJRT_Event_Destroy(&destroy);
+    args->device_complete_events[d] = (PJRT_Event*)&stuck_events[d];
+  }
+  return NULL;
+}
+static PJRT_Error* shim_event_is_ready_stuck(PJRT_Event_IsReady_Args* args) {
+  if (!is_stuck(args->event)) return real_api->PJRT_Event_IsReady(args);
+  args->is_ready = false;
+  return NULL;
+}
+static PJRT_Error* shim_event_on_ready(PJRT_Event_OnReady_Args* args) {
+  if (!is_stuck(args->event)) return real_api->PJRT_Event_OnReady(args);
+  note("%.*s", "on_ready;", 9);
+  return NULL; /* never called back */
+}
+static PJRT_Error* shim_event_await(PJRT_Event_Await_Args* args) {
+  if (!is_stuck(args->event)) return real_api->PJRT_Event_Await(args);
+  for (;;) {
+    struct timespec ts = {3600, 0};
+    nanosleep(&ts, NULL);
+  }
+}
+static PJRT_Error* shim_event_destroy(PJRT_Event_Destroy_Args* args) {
+  if (!is_stuck(args->event)) return real_api->PJRT_Event_Destroy(args);
+  return NULL;
+}
+#endif
+
+#ifdef SHIM_RECORD_LAUNCH_IDS
+static PJRT_Error* shim_record_execute(PJRT_LoadedExecutable_Execute_Args* args) {
+  char text[48];
+  snprintf(text, sizeof(text), "launch=%d;", args->options->launch_id);
+  note("%.*s", text, strlen(text));
+  return real_api->PJRT_LoadedExecutable_Execute(args);
+}
+#endif
+
 #ifdef SHIM_EXT_CYCLE
 static PJRT_Extension_Base ext_a, ext_b;
 #endif
@@ -370,6 +425,16 @@ const PJRT_Api* GetPjrtApi(void) {
   shim_api.PJRT_LoadedExecutable_Execute = lt_execute;
   shim_api.PJRT_Buffer_Destroy = lt_buffer_destroy;
   shim_api.PJRT_LoadedExecutable_Destroy = lt_executable_destroy;
+#endif
+#ifdef SHIM_STUCK_EXECUTE
+  shim_api.PJRT_LoadedExecutable_Execute = shim_stuck_execute;
+  shim_api.PJRT_Event_IsReady = shim_event_is_ready_stuck;
+  shim_api.PJRT_Event_OnReady = shim_event_on_ready;
+  shim_api.PJRT_Event_Await = shim_event_await;
+  shim_api.PJRT_Event_Destroy = shim_event_destroy;
+#endif
+#ifdef SHIM_RECORD_LAUNCH_IDS
+  shim_api.PJRT_LoadedExecutable_Execute = shim_record_execute;
 #endif
   return &shim_api;
 }

@@ -499,7 +499,7 @@ class Buffer(OwnedHandle):
         args.dst = ffi.from_buffer(out)
         args.dst_size = out.nbytes
         self._lib.call("PJRT_Buffer_ToHostBuffer", args)
-        self._lib.await_event(args.event, "PJRT_Buffer_ToHostBuffer")
+        self._lib.await_event(args.event, "PJRT_Buffer_ToHostBuffer", keep_alive=out)
         return out
 
     def _read_direct(self, ptr: Any, out: np.ndarray) -> np.ndarray:
@@ -565,7 +565,7 @@ class Buffer(OwnedHandle):
         args.offset = 0
         args.transfer_size = physical.nbytes
         self._lib.call("PJRT_Buffer_CopyRawToHost", args)
-        self._lib.await_event(args.event, "PJRT_Buffer_CopyRawToHost")
+        self._lib.await_event(args.event, "PJRT_Buffer_CopyRawToHost", keep_alive=physical)
         out[...] = physical.transpose(np.argsort(order))
         return out
 

@@ -191,6 +191,16 @@ typedef struct {
   PJRT_Event* event;
 } PJRT_Event_Await_Args;
 
+typedef void (*PJRT_Event_OnReadyCallback)(PJRT_Error* error, void* user_arg);
+
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Event* event;
+  PJRT_Event_OnReadyCallback callback;
+  void* user_arg;
+} PJRT_Event_OnReady_Args;
+
 typedef void (*PJRT_KeyValueGetCallback_ValueDeleter)(char* value);
 
 typedef struct {
@@ -926,7 +936,7 @@ API_SLOTS: tuple[Slot, ...] = (
     _s("PJRT_Event_IsReady"),
     _s("PJRT_Event_Error"),
     _s("PJRT_Event_Await"),
-    _s("PJRT_Event_OnReady", None),
+    _s("PJRT_Event_OnReady"),
     _s("PJRT_Client_Create"),
     _s("PJRT_Client_Destroy"),
     _s("PJRT_Client_PlatformName"),

@@ -198,7 +198,15 @@ class Client:
     Thread-safe: any thread may upload, compile, execute and read on one client at once,
     and ``close()`` on one thread waits for the calls running on others (new calls then
     raise :class:`ClientClosedError`).
+
+    ``execute_timeout`` (seconds, or None) bounds every wait for an execution;
+    ``stall_timeout`` declares an execution stuck once the process used no CPU for that
+    long (meaningful only where devices are host threads: backends set it, the CPU one
+    does). Either raises :class:`~pjrt_plugins.ExecutionStuckError`.
     """
+
+    execute_timeout: float | None = None
+    stall_timeout: float | None = None
 
     def __init__(
         self,
@@ -242,6 +250,7 @@ class Client:
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
         self._pending_host: list[tuple[Any, Any]] = []
+        self._abandoned_executions: set[Any] = set()  # waits given up on (Ctrl-C, stuck): still in the plugin
         self._devices_by_ptr: dict[int, Device] = {}
         self._memories_by_ptr: dict[int, Memory] = {}
         self._devices: list[Device] | None = None
@@ -300,23 +309,35 @@ class Client:
             self._released = True
             # Every step runs even when one fails, so one bad handle cannot leak the rest.
             errors: list[Exception] = []
+            # An execution given up on (Ctrl-C, stuck) may still use buffers and hold the plugin's
+            # threads: then nothing waits for the plugin, and what it may still read is kept.
+            settle = not self._abandoned_executions
             while self._live_buffers:
                 try:
                     _, entry = self._live_buffers.popitem()
                 except KeyError:  # emptied by a concurrent release
                     break
-                _attempt(errors, self._destroy_buffer, entry, None, wait=True)
+                _attempt(errors, self._destroy_buffer, entry, None, wait=settle)
             while self._live_executables:
                 try:
                     _, entry = self._live_executables.popitem()
                 except KeyError:
                     break
-                _attempt(errors, self._destroy_executable, entry)
+                if settle:  # a running execution may still need its executable's code
+                    _attempt(errors, self._destroy_executable, entry)
             self._deferred.clear()  # their registry entries were released above
-            _attempt(errors, self._drain_pending_host, wait=True)
+            _attempt(errors, self._drain_pending_host, wait=settle)
             ptr, self._ptr = self._ptr, ffi.NULL
             _live_clients.discard(self)
-            if _attempt(errors, self._lib.invoke, "PJRT_Client_Destroy", client=ptr) and self._kv is not None:
+            if not settle:
+                # Destroying the client joins its threads, which a stuck execution never frees.
+                logger.warning(
+                    "leaving the PJRT client on %r to the operating system: %d execution(s) given up on "
+                    "(interrupted or stuck) are still running in it",
+                    self.plugin_name,
+                    len(self._abandoned_executions),
+                )
+            elif _attempt(errors, self._lib.invoke, "PJRT_Client_Destroy", client=ptr) and self._kv is not None:
                 self._kv.release()  # only once the plugin can no longer read the values
         if errors:
             for extra in errors[1:]:
@@ -376,7 +397,7 @@ class Client:
         try:
             self._lib.call("PJRT_Buffer_Destroy", args)
         finally:
-            if event is not None and not self._settle_host_event(event, wait):
+            if event is not None and not self._settle_host_event(event, wait, host):
                 with self._lock:
                     self._pending_host.append((event, host))
 
@@ -388,7 +409,7 @@ class Client:
         finally:
             self._lib.invoke("PJRT_LoadedExecutable_Destroy", executable=loaded)
 
-    def _settle_host_event(self, event: Any, wait: bool) -> bool:
+    def _settle_host_event(self, event: Any, wait: bool, host: Any = None) -> bool:
         """Destroy a done-with-host-buffer event that has fired (with ``wait``: once it fires).
 
         False (event kept) while the plugin may still read the host memory, or cannot say
@@ -397,7 +418,7 @@ class Client:
         """
         if wait:
             try:
-                self._lib.await_event(event, "PJRT_Client_BufferFromHostBuffer")
+                self._lib.await_event(event, "PJRT_Client_BufferFromHostBuffer", keep_alive=host)
             except PjrtPluginsError as exc:  # the transfer failed; the host memory is free either way
                 logger.debug("a host-to-device transfer on %r reported %s", self.plugin_name, str(exc))
             return True
@@ -418,7 +439,7 @@ class Client:
         """Let go of host memory whose transfers are done (all of it with ``wait``)."""
         with self._lock:
             pending, self._pending_host = self._pending_host, []
-        keep = [(event, host) for event, host in pending if not self._settle_host_event(event, wait)]
+        keep = [(event, host) for event, host in pending if not self._settle_host_event(event, wait, host)]
         if keep:
             with self._lock:
                 self._pending_host.extend(keep)

@@ -2,21 +2,26 @@
 
 Execution takes one argument list per device and returns one output list per device. By
 default it waits for every device-complete event and raises the first execution error;
-outputs of a failed execution are released, never leaked.
+outputs of a failed execution are released, never leaked. The wait can be interrupted
+with Ctrl-C and is bounded by the client's ``execute_timeout`` and ``stall_timeout``
+(``_events``); every execution gets its own ``launch_id``, as JAX gives it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ClientClosedError, PjrtError, UnsupportedFunctionError
+from ..errors import ClientClosedError, ExecutionStuckError, PjrtError, UnsupportedFunctionError
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
+from ._events import EventWait, WaitExpired, errors_if_ready
 from ._inflight import OwnedHandle
 from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
@@ -34,6 +39,7 @@ _HLO_MODULE_PROGRAM_SHAPE = 4
 _PROGRAM_SHAPE_PARAMETERS = 1
 _SHAPE_ELEMENT_TYPE = 2
 _SHAPE_DIMENSIONS = 3
+_LAUNCH_IDS = 2**31  # PJRT_ExecuteOptions.launch_id is a C int
 
 
 def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np.dtype]] | None:
@@ -54,9 +60,7 @@ def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np
 class _ExecuteFrame:
     """Preallocated C arrays and args for one (devices, arguments) execute shape; reused."""
 
-    __slots__ = (
-        "args", "inner_args", "inner_outputs", "events", "waits", "await_args", "destroy_args", "arguments", "_keep"
-    )
+    __slots__ = ("args", "options", "inner_args", "inner_outputs", "events", "waits", "arguments", "_keep")
 
     def __init__(self, loaded: Any, num_devices: int, num_args: int, num_outputs: int) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
@@ -65,9 +69,7 @@ class _ExecuteFrame:
         output_lists = ffi.new("PJRT_Buffer**[]", self.inner_outputs)
         self.events = ffi.new("PJRT_Event*[]", num_devices)
         self.arguments: Any = None  # the argument lists of the execute using this frame (see _inflight)
-        self.await_args = new_args("PJRT_Event_Await_Args")
-        self.destroy_args = new_args("PJRT_Event_Destroy_Args")
-        options = new_args("PJRT_ExecuteOptions")
+        self.options = options = new_args("PJRT_ExecuteOptions")
         args = new_args("PJRT_LoadedExecutable_Execute_Args")
         args.executable = loaded
         args.device_complete_events = self.events
@@ -108,6 +110,7 @@ class Executable(OwnedHandle):
         self.num_outputs = int(lib.invoke("PJRT_Executable_NumOutputs", executable=self._exe).num_outputs)
         self._addressable: list[Device] | None = None
         self._facts: dict[str, Any] = {}
+        self._launch_ids: Any = None  # itertools.count, started on the first execute
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -419,27 +422,14 @@ class Executable(OwnedHandle):
             args.execute_device = client._resolve_device(device)._ptr
         elif args.execute_device:
             args.execute_device = ffi.NULL
+        frame.options.launch_id = self._next_launch_id()
         self._lib.call("PJRT_LoadedExecutable_Execute", args)
         outputs = [
             [Buffer(client, inner[i], shape, dtype, plan, wait) for i, (shape, dtype, plan) in enumerate(template)]
             for inner in frame.inner_outputs
         ]
         if wait:
-            lib = self._lib
-            events = frame.events
-            first_error: PjrtError | None = None
-            for d in range(len(outputs)):
-                try:
-                    lib.await_event(
-                        events[d], "PJRT_LoadedExecutable_Execute", frame.await_args, frame.destroy_args
-                    )
-                except PjrtError as exc:
-                    first_error = first_error or exc
-            if first_error is not None:
-                for row in outputs:
-                    for buf in row:
-                        buf._release()
-                raise first_error
+            self._await_devices(frame.events, outputs, device)
         if "output_plans" not in self._facts and outputs:  # an output's memory and layout never change
             try:
                 self._facts["output_plans"] = [buf.read_plan() for buf in outputs[0]]
@@ -447,7 +437,85 @@ class Executable(OwnedHandle):
                 pass
         return outputs
 
+    def _next_launch_id(self) -> int:
+        """A new ``launch_id`` for each execution, as JAX numbers them.
+
+        It names the run in the plugin's collective rendezvous keys (``RunId``); starting
+        from the executable's fingerprint keeps the numbering the same in every process
+        that runs the same programs in the same order.
+        """
+        ids = self._launch_ids
+        if ids is None:
+            fingerprint = self.fingerprint
+            ids = self._launch_ids = itertools.count(zlib.crc32(fingerprint.encode()) if fingerprint else 0)
+        return next(ids) % _LAUNCH_IDS
+
+    def _await_devices(self, events: Any, outputs: list[list[Buffer]], device: Device | int | None) -> None:
+        """Wait for every device's complete event; raise the first error, releasing the outputs.
+
+        Interrupted (Ctrl-C) or past the client's bounds, the execution stays in the plugin,
+        which cannot cancel it: the outputs are released, and the client keeps the wait so
+        that ``close()`` does not block on the plugin's threads while it is pending.
+        """
+        client = self._client
+        waiter: EventWait | None = None
+        events = [events[d] for d in range(len(outputs))]
+        try:
+            errors = errors_if_ready(self._lib, events, "PJRT_LoadedExecutable_Execute")
+            if errors is None:
+                waiter = EventWait(self._lib, events, "PJRT_LoadedExecutable_Execute")
+                errors = waiter.wait(client.execute_timeout, client.stall_timeout)
+        except BaseException as exc:
+            _release(outputs)
+            if waiter is not None and not waiter.complete:
+                client._abandoned_executions.add(waiter)
+                waiter.when_complete(lambda: client._abandoned_executions.discard(waiter))
+            if isinstance(exc, WaitExpired) and waiter is not None:
+                raise self._stuck_error(exc, waiter.pending, len(outputs), device) from None
+            raise
+        first_error = next((error for error in errors if error is not None), None)
+        if first_error is not None:
+            _release(outputs)
+            raise first_error
+
+    def _stuck_error(
+        self, expired: WaitExpired, pending: list[int], num_devices: int, device: Device | int | None
+    ) -> ExecutionStuckError:
+        client = self._client
+        try:
+            name = self.name
+            if device is not None:
+                ids = [client._resolve_device(device).id]
+            else:
+                ids = [self.addressable_devices[d].id for d in pending]
+        except Exception:  # noqa: BLE001 - the error must be raised even if the plugin cannot answer now
+            name, ids = "(unnamed)", list(pending)
+        if expired.reason == "stalled":
+            why = (
+                f"the process used no CPU for the last {client.stall_timeout:g} s, so the devices' "
+                "threads are all blocked inside the plugin (for example a collective waiting for a "
+                "device whose work cannot start)"
+            )
+        else:
+            why = f"it passed the client's execute_timeout of {client.execute_timeout:g} s"
+        return ExecutionStuckError(
+            f"program {name!r} did not complete on device(s) {ids} of {num_devices} after "
+            f"{expired.waited:.1f} s: {why}. The plugin cannot cancel an execution: its outputs were "
+            "released and the client will not be destroyed by close() while it is pending. Save "
+            "what you need and restart the process; see 'Stuck executions' in the user guide.",
+            program=name,
+            devices=ids,
+            waited=expired.waited,
+            reason=expired.reason,
+        )
+
     def __repr__(self) -> str:
         if self.is_deleted:
             return "<pjrt Executable (deleted)>"
         return f"<pjrt Executable {self.name!r} outputs={self.num_outputs}>"
+
+
+def _release(outputs: list[list[Buffer]]) -> None:
+    for row in outputs:
+        for buf in row:
+            buf._release()

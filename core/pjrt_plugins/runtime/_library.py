@@ -333,25 +333,25 @@ class Library:
 
     # -- events ----------------------------------------------------------------------
 
-    def await_event(self, event: Any, function: str, args: Any = None, destroy_args: Any = None) -> None:
-        """Block (GIL released) until ``event`` is ready, destroy it, raise its error if any.
+    def await_event(
+        self, event: Any, function: str, *, timeout: float | None = None, keep_alive: Any = None
+    ) -> None:
+        """Wait until ``event`` is ready, destroy it, raise its error if any.
 
-        ``args``/``destroy_args``: Await and Destroy args structs the caller owns exclusively
-        (reused on hot paths); fresh ones otherwise.
+        Ctrl-C interrupts the wait (see ``_events``); ``timeout`` seconds bound it
+        (``TimeoutError``). ``keep_alive``: host memory the plugin writes into, held until
+        the event fires even when the wait is given up.
         """
         if event == ffi.NULL:
             return
-        if args is None:
-            args = new_args("PJRT_Event_Await_Args")
-        if destroy_args is None:
-            destroy_args = new_args("PJRT_Event_Destroy_Args")
-        args.event = destroy_args.event = event
-        try:
-            err = (self._fns.get("PJRT_Event_Await") or self._fn("PJRT_Event_Await"))(args)
-            if err:  # read and destroyed before the event, so a failing Event_Destroy cannot leak it
-                raise self.error_to_exception(err, function)
-        finally:
-            self.call("PJRT_Event_Destroy", destroy_args)
+        errors = _events.errors_if_ready(self, (event,), function)
+        if errors is None:
+            try:
+                errors = _events.EventWait(self, (event,), function, keep_alive=keep_alive).wait(timeout)
+            except _events.WaitExpired as exc:
+                raise TimeoutError(f"{function} did not complete within {timeout:g} s ({exc})") from None
+        if errors[0] is not None:
+            raise errors[0]
 
     # event_is_ready and destroy_event run on every upload: filled by hand, not through invoke().
     def event_is_ready(self, event: Any) -> bool:
@@ -460,3 +460,6 @@ class Library:
 
     def __repr__(self) -> str:
         return f"<pjrt Library {self.path!r} API {version_text(self.api_version)}>"
+
+
+from . import _events  # noqa: E402 - last: _events uses new_args from this module

@@ -1,0 +1,323 @@
+"""Waiting for PJRT events: interruptible by Ctrl-C and bounded in time.
+
+``PJRT_Event_Await`` parks the calling thread inside the plugin: Ctrl-C is only seen once
+it returns, and nothing can bound it. Here the caller checks which events are ready,
+registers a ``PJRT_Event_OnReady`` callback on one that is not, and waits for that callback
+in short slices; then it checks again. So ``KeyboardInterrupt`` arrives at once, a deadline
+can be kept, and a wait on a plugin whose devices are host threads can notice that the
+process stopped using CPU altogether: a deadlock inside the plugin (docs/notes/runtime.md,
+"Waiting"). One callback at a time, because each costs a thread state and the GIL on a
+plugin thread, and the devices of one execution finish together.
+
+A wait that is given up (interrupted, timed out) stays registered, together with any host
+memory the plugin may still write into, until its last callback has fired. If the process
+exits before that, it ends (with its exit status) before the plugin's exit-time destructors
+run: they free code and data the still-running execution uses, which crashed the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PjrtError
+from ._cdef import ffi
+from ._library import new_args
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._library import Library
+
+logger = logging.getLogger(__name__)
+
+#: How long the waiting thread sleeps between checks of its deadline and of CPU progress.
+WAIT_SLICE_S = 0.25
+#: A stall: the whole process used less than this share of one core over ``stall_timeout``.
+STALL_CPU_SHARE = 0.01
+
+_abandoned: set[EventWait] = set()  # given-up waits, kept until their last callback fires
+_abandoned_lock = threading.Lock()
+
+
+class WaitExpired(TimeoutError):
+    """A wait passed its deadline (``reason="timeout"``) or saw no CPU progress (``"stalled"``)."""
+
+    def __init__(self, reason: str, waited: float):
+        self.reason = reason
+        self.waited = waited
+        super().__init__(f"{reason} after {waited:.1f} s")
+
+
+def errors_if_ready(lib: Library, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
+    """The events' errors, destroying the events, if every one is ready now; else None (nothing touched).
+
+    The fast path of every wait: a program the plugin ran inline, or a host copy it finished
+    at once, costs one ``PJRT_Event_IsReady`` more than a blocking await and nothing else.
+    """
+    try:
+        for event in events:
+            if event != ffi.NULL and not lib.event_is_ready(event):
+                return None
+    except PjrtError:  # the plugin cannot say: wait for callbacks instead
+        return None
+    errors: list[PjrtError | None] = []
+    for event in events:
+        error = None
+        if event != ffi.NULL:
+            args = new_args("PJRT_Event_Await_Args")
+            args.event = event
+            try:
+                err = lib.function("PJRT_Event_Await")(args)
+                if err:
+                    error = lib.error_to_exception(err, function)
+            finally:
+                lib.destroy_event(event)
+        errors.append(error)
+    return errors
+
+
+class EventWait:
+    """The events of one call; ``wait()`` returns each one's error (a :class:`PjrtError` or None).
+
+    The wait owns the events and destroys each once it is ready or has a callback.
+    ``keep_alive`` is held until every event is ready, even when the caller gives up: host
+    memory the plugin writes into must outlive the plugin's write.
+    """
+
+    def __init__(self, lib: Library, events: Sequence[Any], function: str, keep_alive: Any = None) -> None:
+        self.lib = lib
+        self.function = function
+        self.errors: list[PjrtError | None] = [None] * len(events)
+        self._events: list[Any] = [None if event == ffi.NULL else event for event in events]  # None: handled
+        self._keep_alive = keep_alive
+        self._handles: dict[int, Any] = {}
+        self._armed: set[int] = set()  # callbacks registered and not fired yet
+        self._on_done: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._fired_signal: threading.Lock | None = None  # held while waiting; a callback releases it
+        self._given_up = False
+
+    # -- the plugin's side (callbacks) ------------------------------------------------
+
+    def _fired(self, index: int, error: Any) -> None:
+        """A callback: event ``index`` is ready (on a plugin thread, or inline if it already was)."""
+        if error != ffi.NULL:
+            try:
+                self.errors[index] = self.lib.error_to_exception(error, self.function)
+            except Exception as exc:  # noqa: BLE001 - a callback must not raise into the plugin
+                self.errors[index] = PjrtError(2, f"could not read the event's error: {exc}", function=self.function)
+        with self._lock:
+            self._armed.discard(index)
+            finished = self._given_up and not self._armed
+            hooks = self._on_done if finished else []
+        if self._fired_signal is not None:
+            try:
+                self._fired_signal.release()
+            except RuntimeError:  # already released by another callback (a given-up wait arms several)
+                pass
+        if finished:
+            with _abandoned_lock:
+                _abandoned.discard(self)
+            for hook in hooks:
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001
+                    logger.exception("a hook run when an abandoned wait on %s completed failed", self.function)
+
+    # -- the caller's side -------------------------------------------------------------
+
+    @property
+    def pending(self) -> list[int]:
+        """Indices of the events not known to be ready."""
+        with self._lock:
+            return [i for i, event in enumerate(self._events) if event is not None or i in self._armed]
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending
+
+    def when_complete(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once a given-up wait's last callback fired (at once if none is pending)."""
+        with self._lock:
+            if self._armed:
+                self._on_done.append(hook)
+                return
+        hook()
+
+    def wait(self, timeout: float | None = None, stall_timeout: float | None = None) -> list[PjrtError | None]:
+        """Wait for every event; returns their errors.
+
+        Raises :class:`WaitExpired` after ``timeout`` seconds, or when the process used
+        (almost) no CPU for ``stall_timeout`` seconds; ``KeyboardInterrupt`` and other
+        exceptions pass through. After any of these the wait is given up (see the module).
+        """
+        watch: _Watch | None = None  # made only when the events are not all ready already
+        try:
+            while True:
+                self._take_ready()
+                with self._lock:
+                    waiting = bool(self._armed)
+                    unhandled = [i for i, event in enumerate(self._events) if event is not None]
+                if not waiting and not unhandled:
+                    return list(self.errors)
+                if not waiting:
+                    if not self.lib.has_function("PJRT_Event_OnReady"):
+                        self._await(unhandled[0])  # no callbacks: the blocking wait is all there is
+                        continue
+                    if self._fired_signal is None:
+                        self._fired_signal = threading.Lock()
+                        self._fired_signal.acquire()
+                    self._arm(unhandled[-1])  # devices start in order: the last tends to finish last
+                if watch is None:
+                    watch = _Watch(timeout, stall_timeout)
+                watch.until(self._fired_signal)
+        except BaseException:
+            self._give_up()
+            raise
+
+    def _take_ready(self) -> None:
+        """Handle every event not armed that is ready now."""
+        for index, event in enumerate(self._events):
+            if event is None:
+                continue
+            try:
+                ready = self.lib.event_is_ready(event)
+            except PjrtError:
+                ready = False  # ask the callback instead
+            if ready:
+                self._await(index)
+
+    def _await(self, index: int) -> None:
+        """``PJRT_Event_Await`` on event ``index`` (ready: returns at once), then destroy it."""
+        event, self._events[index] = self._events[index], None
+        args = new_args("PJRT_Event_Await_Args")
+        args.event = event
+        try:
+            err = self.lib.function("PJRT_Event_Await")(args)
+            if err:
+                self.errors[index] = self.lib.error_to_exception(err, self.function)
+        finally:
+            self.lib.destroy_event(event)
+
+    def _arm(self, index: int) -> None:
+        """Register the callback on event ``index``, then destroy the event (the callback does not need it)."""
+        event, self._events[index] = self._events[index], None
+        handle = self._handles[index] = ffi.new_handle((self, index))
+        with self._lock:
+            self._armed.add(index)
+        args = new_args("PJRT_Event_OnReady_Args")
+        args.event = event
+        args.callback = _on_ready
+        args.user_arg = handle
+        try:
+            self.lib.call("PJRT_Event_OnReady", args)
+        except BaseException:
+            self._fired(index, ffi.NULL)  # not registered: nothing will call back
+            raise
+        finally:
+            self.lib.destroy_event(event)
+
+    def _give_up(self) -> None:
+        """Arm every event left, so each is destroyed and this wait lives until the last fires."""
+        if self.lib.has_function("PJRT_Event_OnReady"):
+            for index, event in enumerate(self._events):
+                if event is not None:
+                    try:
+                        self._arm(index)
+                    except Exception as exc:  # noqa: BLE001 - keep arming the others
+                        logger.warning("could not hand event %d of %s to a callback: %s", index, self.function, exc)
+        with self._lock:
+            if not self._armed:
+                return
+            self._given_up = True
+        with _abandoned_lock:
+            _abandoned.add(self)
+
+
+class _Watch:
+    """Waits on behalf of :meth:`EventWait.wait`: in slices, against a deadline and a stall bound."""
+
+    def __init__(self, timeout: float | None, stall_timeout: float | None) -> None:
+        self.timeout = timeout
+        self.stall_timeout = stall_timeout
+        self.start = time.monotonic()
+        self.samples = deque([(self.start, time.process_time())])  # (wall, process CPU) over the stall window
+
+    def until(self, signal: threading.Lock) -> None:
+        """Return once a callback released ``signal`` (taken again); raise :class:`WaitExpired` past a bound."""
+        while True:
+            slice_s = WAIT_SLICE_S
+            if self.timeout is not None:
+                slice_s = max(0.0, min(slice_s, self.start + self.timeout - time.monotonic()))
+            if signal.acquire(timeout=slice_s):
+                return
+            now = time.monotonic()
+            if self.timeout is not None and now - self.start >= self.timeout:
+                raise WaitExpired("timeout", now - self.start)
+            if self.stall_timeout is not None and self._stalled(now):
+                raise WaitExpired("stalled", now - self.start)
+
+    def _stalled(self, now: float) -> bool:
+        window = self.stall_timeout
+        cpu = time.process_time()
+        samples = self.samples
+        samples.append((now, cpu))
+        while len(samples) > 1 and now - samples[1][0] >= window:
+            samples.popleft()
+        since, cpu_then = samples[0]
+        # Watched throughout (a process stopped with Ctrl-Z and resumed has one long gap and
+        # no CPU over it, and is not stuck), and no CPU used over the whole window.
+        watched = len(samples) >= window / WAIT_SLICE_S / 2
+        return now - since >= window and watched and cpu - cpu_then < STALL_CPU_SHARE * (now - since)
+
+
+def abandoned_waits() -> int:
+    """How many given-up waits still have events pending in a plugin."""
+    with _abandoned_lock:
+        return len(_abandoned)
+
+
+def _end_before_plugin_destructors() -> None:
+    """At interpreter exit: if executions given up on still run in a plugin, skip its destructors.
+
+    Registered with ``atexit``; it arranges, through glibc's ``on_exit``, for ``exit()`` to
+    call ``_exit(status)`` before the exit handlers registered earlier (the plugins' static
+    destructors). An uncaught KeyboardInterrupt never reaches ``exit()``: Python ends with
+    SIGINT then, which runs no destructors either.
+    """
+    pending = abandoned_waits()
+    if not pending:
+        return
+    import cffi
+
+    libc = cffi.FFI()
+    libc.cdef("int on_exit(void (*function)(int, void *), void *arg); void _exit(int status);")
+    try:
+        c = libc.dlopen(None)
+        c.on_exit(libc.cast("void (*)(int, void *)", c._exit), libc.NULL)
+    except (AttributeError, OSError) as exc:  # not glibc: nothing to arrange it with
+        sys.stderr.write(f"pjrt-plugins: cannot skip the plugins' exit handlers ({exc}); the exit may crash\n")
+        return
+    sys.stderr.write(
+        f"pjrt-plugins: {pending} execution(s) given up on are still running in a plugin; "
+        "exiting without running the plugins' exit handlers\n"
+    )
+    sys.stderr.flush()
+
+
+atexit.register(_end_before_plugin_destructors)
+
+
+def _callback_failed(exc_type: type, value: BaseException, tb: Any) -> None:
+    logger.error("PJRT_Event_OnReady callback failed", exc_info=(exc_type, value, tb))
+
+
+@ffi.callback("PJRT_Event_OnReadyCallback", onerror=_callback_failed)
+def _on_ready(error: Any, user_arg: Any) -> None:
+    wait, index = ffi.from_handle(user_arg)
+    wait._fired(index, error)
