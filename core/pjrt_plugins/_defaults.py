@@ -50,6 +50,14 @@ class CoreDefaults:
         return {}
 
     @hookimpl(trylast=True)
+    def pjrt_client_create_environment(self, options: dict) -> dict:
+        return {}
+
+    @hookimpl(trylast=True)
+    def pjrt_stall_timeout(self) -> None:
+        return None
+
+    @hookimpl(trylast=True)
     def pjrt_local_process_rank(self) -> int:
         return env_int("PJRT_LOCAL_PROCESS_RANK", "LOCAL_RANK", default=0)
 

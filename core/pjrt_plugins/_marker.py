@@ -21,6 +21,8 @@ HOOK_NAMES = frozenset(
         "pjrt_client_option_schema",
         "pjrt_client_create_options",
         "pjrt_check_client_options",
+        "pjrt_client_create_environment",
+        "pjrt_stall_timeout",
         "pjrt_local_process_rank",
         "pjrt_local_world_size",
         "pjrt_host_index",

@@ -72,6 +72,32 @@ def pjrt_check_client_options(options: Mapping[str, Any]) -> None:
 
 
 @hookspec(firstresult=True)
+def pjrt_client_create_environment(options: Mapping[str, Any]) -> Mapping[str, str] | None:
+    """Environment variables the library reads while it creates its client.
+
+    They are set only for the duration of ``PJRT_Client_Create`` and then restored, for
+    libraries that take some settings from the environment alone (XLA reads
+    ``XLA_FLAGS`` and ``PJRT_NPROC`` there). ``options`` are the merged create options.
+    A value replaces the process's own for that call, so build on what the user set:
+    the CPU backend appends its XLA flags to the user's ``XLA_FLAGS`` and leaves out any
+    flag the user gave. Default: ``{}``.
+    """
+
+
+@hookspec(firstresult=True)
+def pjrt_stall_timeout() -> float | None:
+    """Seconds an execution may wait while the process uses no CPU at all before it is declared stuck.
+
+    Only for libraries whose devices are host threads, where a running execution
+    always uses CPU: a wait that sees none for this long is a deadlock inside the
+    library, and :class:`pjrt_plugins.ExecutionStuckError` (naming the program and its
+    devices) is raised instead of waiting forever. Becomes the client's
+    ``stall_timeout``. Default: ``None`` (no such check; right for accelerators,
+    whose host thread idles while the device computes).
+    """
+
+
+@hookspec(firstresult=True)
 def pjrt_local_process_rank() -> int | None:
     """This process's rank among the processes on this host.
 

@@ -31,6 +31,10 @@ BACKEND_ENV_VARS = (
     # cpu
     "CPU_NUM_DEVICES",
     "PJRT_CPU_LIBRARY_PATH",
+    "PJRT_CPU_STALL_TIMEOUT",
+    "XLA_FLAGS",
+    "PJRT_NPROC",
+    "NPROC",
     # gpu
     "PJRT_GPU_LIBRARY_PATH",
     "GPU_NUM_DEVICES",

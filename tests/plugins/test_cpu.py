@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from pjrt_plugins import OptionType, PluginConfigurationError
 from pjrt_plugins.conform._programs import ADD_F32, spmd_square_and_sum
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_cpu import CpuPlugin
+from pjrt_plugin_cpu._plugin import client_environment, stall_timeout
 
 # Squares a 16-vector split over 8 devices and sums the squares across them (the partitioner adds the all-reduce).
 SPMD_PROGRAM = spmd_square_and_sum(8, shard_length=2)
@@ -176,3 +178,62 @@ def test_caller_options_override_cpu_num_devices(cpu, monkeypatch):
     monkeypatch.setenv("CPU_NUM_DEVICES", "8")
     with cpu.create_client({"cpu_device_count": 2}) as client:
         assert len(client.devices) == 2
+
+
+def test_client_environment_sizes_the_pools_and_turns_xnnpack_off():
+    assert client_environment(8) == {
+        "XLA_FLAGS": "--xla_cpu_use_xnnpack=false",
+        "PJRT_NPROC": str(max(os.cpu_count() or 1, 16)),
+    }
+
+
+def test_client_environment_builds_on_what_the_user_set(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/dump")
+    monkeypatch.setenv("NPROC", "3")
+    assert client_environment(8) == {"XLA_FLAGS": "--xla_dump_to=/tmp/dump --xla_cpu_use_xnnpack=false"}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_xnnpack=true --xla_dump_to=/tmp/dump")
+    assert client_environment(8)["XLA_FLAGS"] == "--xla_cpu_use_xnnpack=true --xla_dump_to=/tmp/dump"
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 10.0), ("2.5", 2.5), ("0", None)])
+def test_stall_timeout_comes_from_the_environment(monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("PJRT_CPU_STALL_TIMEOUT", value)
+    assert stall_timeout() == expected
+    assert CpuPlugin().hook.pjrt_stall_timeout() == expected
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan"])
+def test_bad_stall_timeout_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("PJRT_CPU_STALL_TIMEOUT", value)
+    with pytest.raises(ValueError, match="PJRT_CPU_STALL_TIMEOUT"):
+        stall_timeout()
+
+
+def test_the_library_sees_its_environment_only_while_it_creates_the_client(run_python, tmp_path):
+    """XLA reads the pool size and its flags as the client is created: twice the threads, XNNPACK off."""
+    dump = tmp_path / "dump"
+    result = run_python(
+        f"""
+        import glob, os
+        import pjrt_plugins
+        from pjrt_plugins.conform._programs import spmd_square_and_sum
+        from pjrt_plugins.runtime import CompileOptions
+        with pjrt_plugins.get_plugin("cpu").create_client({{"cpu_device_count": 8}}) as client:
+            names = [open(f"/proc/self/task/{{task}}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+            print("intra-op threads:", names.count("tf_XLAEigen"))
+            print("stall timeout:", client.stall_timeout)
+            print("environment after:", os.environ.get("XLA_FLAGS"), os.environ.get("PJRT_NPROC"))
+            client.compile(spmd_square_and_sum(8, 2), CompileOptions(num_partitions=8, use_spmd_partitioning=True))
+        options = open(glob.glob("{dump}/*debug_options")[0]).read()
+        print("xnnpack off:", "xla_cpu_use_xnnpack: false" in options)
+        """,
+        env={"XLA_FLAGS": f"--xla_dump_to={dump}"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"intra-op threads: {max(os.cpu_count() or 1, 16)}",
+        "stall timeout: 10.0",
+        f"environment after: --xla_dump_to={dump} None",
+        "xnnpack off: True",
+    ]

@@ -2,13 +2,17 @@
 
 Order matters and is the contract vendors rely on: configure the process, run the
 preflight (which may refuse before any hardware is touched), find and open the library,
-initialize it within the plugin's timeout, then create the client with validated options.
+initialize it within the plugin's timeout, then create the client with validated options
+(and the environment the plugin asks for around that one call).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import os
+import threading
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PjrtError
@@ -20,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .._plugin import DevicePlugin
 
 logger = logging.getLogger(__name__)
+_environment_lock = threading.Lock()
 
 
 def create_client_for_plugin(
@@ -45,10 +50,34 @@ def create_client_for_plugin(
             name,
         )
     merged, schema = checked_create_options(plugin, options)
+    environment = dict(plugin.hook.pjrt_client_create_environment(options=dict(merged)) or {})
     try:
-        return Client(library, merged, schema=schema, kv_store=kv_store, plugin_name=name)
+        with _environment(environment):
+            client = Client(library, merged, schema=schema, kv_store=kv_store, plugin_name=name)
     except PjrtError as error:
         raise _with_plugin_hint(error, plugin) from None
+    client.stall_timeout = plugin.hook.pjrt_stall_timeout()
+    return client
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the duration of the block, then the previous values back."""
+    if not values:
+        yield
+        return
+    with _environment_lock:
+        saved = {key: os.environ.get(key) for key in values}
+        logger.debug("client creation environment: %s", dict(values))
+        try:
+            os.environ.update({key: str(value) for key, value in values.items()})
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def plugin_label(plugin: DevicePlugin) -> str:

@@ -7,6 +7,7 @@ answered from environment variables and installed-package metadata.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,8 +25,22 @@ LIBRARY_IN_DISTRIBUTION = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
 LIBRARY_DISTRIBUTIONS = ((LIBRARY_DISTRIBUTION, LIBRARY_IN_DISTRIBUTION),)
 #: Devices per client when ``CPU_NUM_DEVICES`` is unset (PyTorch/XLA and JAX also default to 1).
 DEFAULT_NUM_DEVICES = 1
+#: What the library creates when no ``cpu_device_count`` option is given.
+DEFAULT_LIBRARY_DEVICES = 4
 #: More devices than this make client creation take minutes (see check_device_count).
 MAX_NUM_DEVICES = 1024
+#: Seconds without any CPU use after which a waiting execution is declared stuck; 0 turns the check off.
+STALL_TIMEOUT_ENV = "PJRT_CPU_STALL_TIMEOUT"
+DEFAULT_STALL_TIMEOUT_S = 10.0
+#: XLA flags set for the library while it creates its client, unless the user's XLA_FLAGS names them.
+#: XNNPACK fusions rebuild their runtime inside a program and then wait for tasks queued on the same
+#: intra-op pool that collectives park threads in; with as many threads as devices (the library's
+#: default on a machine with fewer cores) every thread can end up waiting, and the program
+#: deadlocks in an all-reduce (docs/notes/backends.md, "The all-reduce deadlock").
+XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
+#: XLA's pool-size variables; when neither is set the pools get THREADS_PER_DEVICE threads per device.
+POOL_SIZE_ENVS = ("PJRT_NPROC", "NPROC")
+THREADS_PER_DEVICE = 2
 
 
 def library_problem() -> str | None:
@@ -53,6 +68,45 @@ def check_device_count(count: int, source: str) -> int:
     if not 1 <= count <= MAX_NUM_DEVICES:
         raise PluginConfigurationError(f"{source}={count} must be between 1 and {MAX_NUM_DEVICES} CPU devices")
     return count
+
+
+def xla_flags_with_defaults(flags: str) -> str:
+    """The user's ``XLA_FLAGS`` followed by each of :data:`XLA_FLAG_DEFAULTS` they do not name."""
+    given = {token.lstrip("-").split("=", 1)[0] for token in flags.split()}
+    extra = [f"--{name}={value}" for name, value in XLA_FLAG_DEFAULTS.items() if name not in given]
+    return " ".join([flags.strip(), *extra]).strip()
+
+
+def client_environment(device_count: int) -> dict[str, str]:
+    """What the library must see in the environment while it creates a client of ``device_count`` devices.
+
+    Its thread pools get ``max(cores, THREADS_PER_DEVICE * devices)`` threads (XLA's
+    ``PJRT_NPROC``), so threads blocked in a collective never leave the pools empty, and
+    XNNPACK is off (see :data:`XLA_FLAG_DEFAULTS`). A ``PJRT_NPROC``/``NPROC`` or flag the
+    user set is kept. XLA reads its flags once per process, at the first client.
+    """
+    environment = {"XLA_FLAGS": xla_flags_with_defaults(os.environ.get("XLA_FLAGS", ""))}
+    if not any(os.environ.get(name, "").strip() for name in POOL_SIZE_ENVS):
+        environment["PJRT_NPROC"] = str(max(os.cpu_count() or 1, THREADS_PER_DEVICE * device_count))
+    return environment
+
+
+def stall_timeout() -> float | None:
+    """Seconds of no CPU use before a waiting execution is stuck: ``PJRT_CPU_STALL_TIMEOUT`` or 10; 0: off."""
+    raw = os.environ.get(STALL_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STALL_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise PluginConfigurationError(
+            f"environment variable {STALL_TIMEOUT_ENV}={raw!r} must be a number of seconds"
+        ) from None
+    if not value >= 0 or value == float("inf"):
+        raise PluginConfigurationError(
+            f"environment variable {STALL_TIMEOUT_ENV}={raw!r} must be a finite number of seconds >= 0"
+        )
+    return value or None
 
 
 def num_devices() -> int:
@@ -86,6 +140,14 @@ class CpuPlugin(DevicePlugin):
     def pjrt_check_client_options(self, options: Mapping[str, Any]) -> None:
         if "cpu_device_count" in options:
             check_device_count(options["cpu_device_count"], "client option cpu_device_count")
+
+    @hookimpl
+    def pjrt_client_create_environment(self, options: Mapping[str, Any]) -> dict[str, str]:
+        return client_environment(int(options.get("cpu_device_count", DEFAULT_LIBRARY_DEVICES)))
+
+    @hookimpl
+    def pjrt_stall_timeout(self) -> float | None:
+        return stall_timeout()
 
     @hookimpl
     def pjrt_physical_chip_count(self) -> int:
