@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from ..errors import LoweringError
+from ..errors import ExecutionStuckError, LoweringError
 from ..runtime import CompileOptions
 from ._lowering import (
     LoweredModule,
@@ -655,7 +655,11 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], v
             raise LoweringError(f"internal: input {i} is not on every device")
     args = [[col[ordinal] for col in columns] for ordinal in program.device_order]
     t0 = time.perf_counter()
-    outs = program.executable.execute(args)
+    try:
+        outs = program.executable.execute(args)
+    except ExecutionStuckError as exc:
+        exc.add_note(f"in the SPMD program {describe_program(program)}")
+        raise
     count("execute_seconds", time.perf_counter() - t0)
     count("executions")
     result: list[list[Any]] = [[None] * n_dev for _ in range(program.num_outputs)]
@@ -663,6 +667,13 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], v
         for j in range(program.num_outputs):
             result[j][ordinal] = outs[pos][j]
     return result
+
+
+def describe_program(program: CompiledProgram) -> str:
+    """``"<key> of 30 ops (aten.addmm x2, aten.mm x2, ...)"``: which traced program this is, for messages."""
+    ops = sorted(program.lowered.ops.items(), key=lambda item: (-item[1], item[0]))
+    shown = ", ".join(f"{name} x{n}" for name, n in ops[:4]) + (", ..." if len(ops) > 4 else "")
+    return f"{program.key[:12]} of {sum(program.lowered.ops.values())} ops ({shown})"
 
 
 def _virtual_device() -> Any:
