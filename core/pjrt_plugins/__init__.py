@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._defaults import env_int
+from ._defaults import env_bool, env_int, env_value
 from ._library_lookup import find_library, installed_library
 from ._plugin import DevicePlugin
 from ._registry import (
@@ -86,7 +86,9 @@ __all__ = [
     "create_client",
     "default_plugin",
     "discover_plugins",
+    "env_bool",
     "env_int",
+    "env_value",
     "find_library",
     "get_plugin",
     "hookimpl",

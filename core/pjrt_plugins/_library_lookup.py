@@ -46,19 +46,20 @@ def installed_library(distributions: Iterable[tuple[str, str]]) -> Path | None:
 def find_library(env_var: str, distributions: Iterable[tuple[str, str]]) -> str | None:
     """The PJRT library a backend's ``pjrt_library_path`` hook should return.
 
-    If the environment variable ``env_var`` is set (non-empty), its value, with ``~``
+    If the environment variable ``env_var`` is set (non-blank), its value, with ``~``
     expanded and made absolute; when that is not a regular file, the user's setting
     is broken and :class:`~pjrt_plugins.PluginConfigurationError` names the variable
     (so default selection reports it instead of quietly choosing another plugin).
     Otherwise the file found by :func:`installed_library` in ``distributions``, or
-    ``None`` when none has it::
+    ``None`` when none has it (``distributions`` may be empty: a backend whose default
+    library sits in its own package checks only the override, then uses its own)::
 
         @hookimpl
         def pjrt_library_path(self):
             return pjrt_plugins.find_library("PJRT_CPU_LIBRARY_PATH",
                                              [("xla-cpu-pjrt", "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")])
     """
-    override = os.environ.get(env_var)
+    override = os.environ.get(env_var, "").strip()
     if override:
         path = Path(override).expanduser().absolute()
         if not path.is_file():

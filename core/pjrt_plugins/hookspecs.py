@@ -195,7 +195,10 @@ def pjrt_unavailable_reason() -> str | None:
     """Why the plugin cannot run here, with what to do, or ``None`` if it can.
 
     Must be cheap: no library is opened. The core default reports a missing
-    library file and a physical chip count of 0.
+    library file and a physical chip count of 0. A setting the user got wrong is
+    not a reason: raise :class:`pjrt_plugins.PluginConfigurationError` naming it
+    (``find_library``, ``env_int``, ``env_bool`` and ``env_value`` do), so that
+    default selection reports it instead of choosing another plugin.
     """
 
 

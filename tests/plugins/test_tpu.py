@@ -165,7 +165,7 @@ def test_host_index_is_the_worker_id(tpu, monkeypatch):
     monkeypatch.setenv("TPU_WORKER_ID", "3")
     assert tpu.host_index() == 3
     monkeypatch.setenv("TPU_WORKER_ID", "three")
-    with pytest.raises(ValueError, match="TPU worker id"):
+    with pytest.raises(ValueError, match="TPU_WORKER_ID"):
         tpu.host_index()
 
 

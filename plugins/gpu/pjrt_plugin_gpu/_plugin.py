@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginConfigurationError, PluginUnavailableError, env_int, find_library, hookimpl
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_bool, env_int, env_value, find_library, hookimpl
 
 from ._devices import installed_gpu_count, visible_gpu_count
 
@@ -60,34 +60,16 @@ NO_GPU_HINT = (
     "(PJRT_DEVICE=CPU)."
 )
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def env_bool(name: str) -> bool | None:
-    """A boolean environment variable (1/0, true/false, yes/no, on/off), or ``None`` if unset."""
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return None
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise PluginConfigurationError(f"environment variable {name}={os.environ[name]!r} must be a boolean (1/0, true/false)")
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:  # also refuses nan
+        raise ValueError(text)
+    return value
 
 
 def env_fraction(name: str) -> float | None:
     """A memory fraction in (0, 1] from the environment, or ``None`` if unset."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise PluginConfigurationError(f"environment variable {name}={raw!r} must be a number in (0, 1]") from None
-    if not 0.0 < value <= 1.0:
-        raise PluginConfigurationError(f"environment variable {name}={raw!r} must be a number in (0, 1]")
-    return value
+    return env_value(name, _fraction, default=None, expected="a number in (0, 1]")
 
 
 def library_problem() -> str | None:
@@ -104,7 +86,7 @@ def library_problem() -> str | None:
 
 def gpu_count() -> int:
     """GPUs this process may use: ``GPU_NUM_DEVICES``, else the driver's GPUs filtered by CUDA_VISIBLE_DEVICES."""
-    explicit = env_int(NUM_DEVICES_ENV, default=-1)
+    explicit = env_int(NUM_DEVICES_ENV, default=-1, minimum=0)  # -1: unset
     if explicit >= 0:
         return explicit
     return visible_gpu_count(installed_gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -5,8 +5,9 @@ Only paths are computed here; nothing may open the library.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from pjrt_plugins import find_library
 
 #: Environment variable naming a real Neuron PJRT library to use instead of the stub (PyTorch/XLA's name).
 LIBRARY_PATH_ENV = "NEURON_LIBRARY_PATH"
@@ -20,33 +21,24 @@ def stub_library_path() -> Path:
 
 
 def vendor_library_override() -> str | None:
-    """The value of NEURON_LIBRARY_PATH, or ``None`` when it is unset or empty."""
-    value = os.environ.get(LIBRARY_PATH_ENV, "").strip()
-    return value or None
+    """The library NEURON_LIBRARY_PATH names (made absolute), or ``None`` when it is unset or blank.
+
+    A value that names no regular file raises ``PluginConfigurationError`` naming the
+    variable (the core's ``find_library``): the user meant this plugin, so selection
+    reports the setting instead of quietly using another plugin or the stub.
+    """
+    return find_library(LIBRARY_PATH_ENV, ())
 
 
 def library_path() -> Path:
     """The library a client will load: NEURON_LIBRARY_PATH if set, else the stub."""
     override = vendor_library_override()
-    if override is not None:
-        return Path(override).expanduser()
-    return stub_library_path()
+    return Path(override) if override is not None else stub_library_path()
 
 
 def library_problem_hint() -> str | None:
-    """A specific reason (with the fix) why the chosen library cannot be used, or ``None``."""
-    override = vendor_library_override()
-    if override is not None:
-        path = Path(override).expanduser()
-        if not path.is_absolute():
-            return (
-                f"{LIBRARY_PATH_ENV}={override!r} must be an absolute path to the Neuron PJRT library "
-                "(for example /opt/aws/neuron/lib/libneuronpjrt.so)"
-            )
-        if not path.is_file():
-            return f"{LIBRARY_PATH_ENV}={override!r} does not name an existing file; fix or unset it to use the stub"
-        return None
-    if not stub_library_path().is_file():
+    """Why the stub library cannot be used (with the fix), or ``None``; a bad override raises (see above)."""
+    if vendor_library_override() is None and not stub_library_path().is_file():
         return (
             f"the stub library {STUB_LIBRARY_NAME} is missing from the installed package; reinstall "
             "pjrt-plugin-stub-neuron from source (its build compiles the library with gcc)"

@@ -81,10 +81,7 @@ class StubNeuronPlugin(pjrt_plugins.DevicePlugin):
 
     @hookimpl
     def pjrt_unavailable_reason(self) -> str | None:
-        try:
-            return _library.library_problem_hint()
-        except OSError as exc:  # an unreadable path is a reason, not a crash
-            return f"cannot inspect the Neuron PJRT library path: {exc}"
+        return _library.library_problem_hint()  # a bad NEURON_LIBRARY_PATH raises PluginConfigurationError
 
     @hookimpl
     def pjrt_preflight(self) -> None:

@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from pjrt_plugins import env_int
+from pjrt_plugins import PluginConfigurationError, env_int
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +34,11 @@ _narrowing: dict[str, str | None] = {}
 
 def core_count() -> int:
     """NeuronCores on this host: ``NEURONCORE_NUM_DEVICES``, default 4 for the stub."""
-    count = env_int(CHIP_COUNT_ENV, default=DEFAULT_NUM_CORES)
-    if count < 0:
-        raise ValueError(f"environment variable {CHIP_COUNT_ENV}={count} must not be negative")
-    return count
+    return env_int(CHIP_COUNT_ENV, default=DEFAULT_NUM_CORES, minimum=0)
 
 
 def parse_core_list(text: str, *, variable: str = VISIBLE_CORES_ENV) -> list[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; raises ValueError naming ``variable`` if malformed."""
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; raises PluginConfigurationError (a ValueError) naming ``variable`` if malformed."""
     cores: list[int] = []
     for part in text.replace(" ", "").split(","):
         try:
@@ -53,11 +50,11 @@ def parse_core_list(text: str, *, variable: str = VISIBLE_CORES_ENV) -> list[int
             else:
                 cores.append(int(part))
         except ValueError:
-            raise ValueError(
+            raise PluginConfigurationError(
                 f"environment variable {variable}={text!r} is not a core list such as '0', '0-3' or '0,2,5'"
             ) from None
     if any(c < 0 for c in cores) or len(set(cores)) != len(cores):
-        raise ValueError(f"environment variable {variable}={text!r} lists a negative or repeated core")
+        raise PluginConfigurationError(f"environment variable {variable}={text!r} lists a negative or repeated core")
     return cores
 
 

@@ -10,10 +10,18 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_int, find_library, hookimpl, installed_library
+from pjrt_plugins import (
+    DevicePlugin,
+    PluginConfigurationError,
+    PluginUnavailableError,
+    env_bool,
+    env_int,
+    env_value,
+    find_library,
+    hookimpl,
+)
 
 from . import _host, _metadata
 from ._topology import DEFAULT_BASE_PORT, TpuSlice, bounds_size, multiprocess_environment
@@ -48,24 +56,26 @@ NO_TPU_MESSAGE = (
 
 
 def library_problem() -> str | None:
-    """Why libtpu cannot be found, with the fix, or ``None``. Cheap."""
-    override = os.environ.get(LIBRARY_PATH_ENV)
-    if override:
-        if not Path(override).expanduser().is_file():
-            return f"{LIBRARY_PATH_ENV}={override!r} does not name an existing file; point it at libtpu.so or unset it"
-        return None
-    if installed_library(LIBRARY_DISTRIBUTIONS) is None:
+    """Why libtpu cannot be found, with the fix, or ``None``. Cheap.
+
+    A ``TPU_LIBRARY_PATH`` that names no regular file raises ``PluginConfigurationError``
+    (from ``find_library``): the user meant this plugin.
+    """
+    if find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS) is None:
         return f"libtpu was not found: run `pip install libtpu` or set {LIBRARY_PATH_ENV} to libtpu.so"
     return None
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also refuses nan
+        raise ValueError(text)
+    return value
 
 
 def _may_ask_metadata_server() -> bool:
     """Only a GCE VM with TPU chips has a metadata server worth asking; libtpu's skip switch is honoured."""
-    if _env_flag(SKIP_MDS_QUERY_ENV):
+    if env_bool(SKIP_MDS_QUERY_ENV):
         return False
     return _host.on_google_compute_engine() and _host.count_tpu_chips() > 0
 
@@ -87,11 +97,13 @@ def _first_env(*names: str) -> str | None:
 def current_slice() -> TpuSlice:
     """The slice description: environment variables first, then (on a TPU VM only) the metadata server."""
     meta = _metadata_tpu_env()
-    worker = _first_env("TPU_WORKER_ID") or meta.get("WORKER_ID")
-    try:
-        worker_id = int(worker) if worker is not None else None
-    except ValueError:
-        raise ValueError(f"TPU worker id {worker!r} (TPU_WORKER_ID or metadata WORKER_ID) must be an integer") from None
+    worker_id: int | None = env_int("TPU_WORKER_ID", default=-1, minimum=0)
+    if worker_id < 0:  # unset: the metadata's, if any
+        worker = meta.get("WORKER_ID")
+        try:
+            worker_id = int(worker) if worker is not None else None
+        except ValueError:
+            raise PluginConfigurationError(f"the TPU metadata's WORKER_ID {worker!r} must be an integer") from None
     hostnames = _first_env("TPU_WORKER_HOSTNAMES")
     if hostnames:
         addresses = tuple(h.strip() for h in hostnames.split(",") if h.strip())
@@ -134,9 +146,7 @@ class TpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_client_create_options(self) -> dict[str, Any]:
-        inflight = env_int(MAX_INFLIGHT_ENV, default=DEFAULT_MAX_INFLIGHT_COMPUTATIONS)
-        if inflight < 1:
-            raise ValueError(f"environment variable {MAX_INFLIGHT_ENV}={inflight} must be at least 1")
+        inflight = env_int(MAX_INFLIGHT_ENV, default=DEFAULT_MAX_INFLIGHT_COMPUTATIONS, minimum=1)
         return {
             "max_inflight_computations": inflight,
             "ml_framework_name": "pjrt-plugins",
@@ -157,7 +167,7 @@ class TpuPlugin(DevicePlugin):
         chips = _host.count_tpu_chips()
         bounds = _first_env("TPU_PROCESS_BOUNDS")
         if bounds:  # never start more processes than the configured slice has
-            chips = min(chips, bounds_size(bounds, what="TPU_PROCESS_BOUNDS"))
+            chips = min(chips, bounds_size(bounds, what="environment variable TPU_PROCESS_BOUNDS"))
         return chips
 
     @hookimpl
@@ -165,7 +175,7 @@ class TpuPlugin(DevicePlugin):
         if _first_env("TPU_PROCESS_BOUNDS") and _first_env("TPU_VISIBLE_CHIPS"):
             logger.info("TPU topology already set in the environment; leaving it as it is")
             return
-        base_port = env_int(BASE_PORT_ENV, default=DEFAULT_BASE_PORT)
+        base_port = env_int(BASE_PORT_ENV, default=DEFAULT_BASE_PORT, minimum=1)
         chips = _host.count_tpu_chips() or local_world_size
         environment = multiprocess_environment(local_rank, local_world_size, current_slice(), chips, base_port)
         for name, value in environment.items():
@@ -181,14 +191,14 @@ class TpuPlugin(DevicePlugin):
         problem = library_problem()
         if problem is not None:
             return problem
-        if _host.count_tpu_chips() == 0 and not _env_flag(SKIP_CHIP_CHECK_ENV):
+        if _host.count_tpu_chips() == 0 and not env_bool(SKIP_CHIP_CHECK_ENV):
             return NO_TPU_MESSAGE
         return None
 
     @hookimpl
     def pjrt_preflight(self) -> None:
         if _host.count_tpu_chips() == 0:
-            if not _env_flag(SKIP_CHIP_CHECK_ENV):
+            if not env_bool(SKIP_CHIP_CHECK_ENV):
                 raise PluginUnavailableError(f"plugin 'tpu': {NO_TPU_MESSAGE}")
             logger.warning("%s is set: initializing libtpu without a TPU chip in sysfs", SKIP_CHIP_CHECK_ENV)
         problem = library_problem()
@@ -201,15 +211,7 @@ class TpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_initialize_timeout(self) -> float:
-        raw = os.environ.get(INITIALIZE_TIMEOUT_ENV, "").strip()
-        if not raw:
-            return DEFAULT_INITIALIZE_TIMEOUT_S
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if value <= 0:
-            raise ValueError(
-                f"environment variable {INITIALIZE_TIMEOUT_ENV}={raw!r} must be a positive number of seconds"
-            )
-        return value
+        return env_value(
+            INITIALIZE_TIMEOUT_ENV, _positive_seconds, default=DEFAULT_INITIALIZE_TIMEOUT_S,
+            expected="a positive number of seconds",
+        )

@@ -10,6 +10,8 @@ import math
 import re
 from typing import NamedTuple
 
+from pjrt_plugins import PluginConfigurationError
+
 #: Host bounds of the v2/v3 slices (their metadata lacks them), as in PyTorch/XLA.
 V2_V3_HOST_BOUNDS = {
     "v2-8": "1,1,1",
@@ -34,13 +36,13 @@ DEFAULT_BASE_PORT = 8476
 
 
 def parse_bounds(text: str, *, what: str = "TPU bounds") -> tuple[int, int, int]:
-    """``"2,2,1"`` -> ``(2, 2, 1)``; raises ``ValueError`` unless three positive integers."""
+    """``"2,2,1"`` -> ``(2, 2, 1)``; raises ``PluginConfigurationError`` (a ``ValueError``) unless three positive integers."""
     try:
         dims = tuple(int(part) for part in text.split(","))
     except ValueError:
         dims = ()
     if len(dims) != 3 or any(d < 1 for d in dims):
-        raise ValueError(f"{what} {text!r} must be three positive integers like '2,2,1'")
+        raise PluginConfigurationError(f"{what} {text!r} must be three positive integers like '2,2,1'")
     return dims  # type: ignore[return-value]
 
 

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 import pjrt_plugins
-from pjrt_plugins import OptionType, PluginUnavailableError
-from pjrt_plugin_stub_neuron import KV_KEY_PREFIX, StubNeuronPlugin, _topology
+from pjrt_plugins import OptionType, PluginConfigurationError, PluginUnavailableError
+from pjrt_plugin_stub_neuron import KV_KEY_PREFIX, StubNeuronPlugin, _topology, stub_library_path
 from stub_neuron_testkit import NEURON_ENV_VARS
 
 # -- entry point and registration ---------------------------------------------------------
@@ -123,15 +123,18 @@ def test_neuron_library_path_selects_a_vendor_library_and_drops_stub_options(stu
     assert stub.is_available()
 
 
-def test_neuron_library_path_problems_are_explained(stub, monkeypatch, tmp_path):
-    monkeypatch.setenv("NEURON_LIBRARY_PATH", "libneuronpjrt.so")
-    assert "must be an absolute path" in stub.unavailable_reason()
-    with pytest.raises(PluginUnavailableError, match="absolute path"):
-        stub.preflight()
-    monkeypatch.setenv("NEURON_LIBRARY_PATH", str(tmp_path / "missing.so"))
-    assert "does not name an existing file" in stub.unavailable_reason()
-    with pytest.raises(PluginUnavailableError):
-        stub.library_path()
+def test_a_neuron_library_path_naming_no_file_is_a_configuration_error_not_the_stub(stub, monkeypatch, tmp_path):
+    # dlopen would search its library path for a bare name: the value is taken relative to the
+    # working directory, where no such file is.
+    for value in ("libneuronpjrt.so", str(tmp_path / "missing.so"), str(tmp_path)):
+        monkeypatch.setenv("NEURON_LIBRARY_PATH", value)
+        assert f"NEURON_LIBRARY_PATH={value!r}" in str(stub.configuration_error())
+        with pytest.raises(PluginConfigurationError, match="NEURON_LIBRARY_PATH"):
+            stub.preflight()
+        with pytest.raises(PluginConfigurationError, match="NEURON_LIBRARY_PATH"):
+            stub.library_path()
+    monkeypatch.setenv("NEURON_LIBRARY_PATH", " ")  # blank counts as unset: the stub
+    assert stub.library_path() == str(stub_library_path()) and stub.configuration_error() is None
 
 
 # -- multi-process configuration ------------------------------------------------------------
