@@ -180,7 +180,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     path = plugin.library_path()
     from pjrt_plugins.runtime import load_library
 
-    major, minor = load_library(path).api_version
+    major, minor = load_library(path, timeout=plugin.initialize_timeout()).api_version
     with plugin.create_client(options) as client:
         devices = [
             {

@@ -135,7 +135,12 @@ class VirtualDeviceError(PjrtPluginsError, RuntimeError):
     """A tensor is not on the pjrt virtual device where one is needed, or belongs to a replaced one."""
 
 
-class PluginInitializeTimeoutError(PluginUnavailableError, TimeoutError):
+class PluginTimeoutError(PluginUnavailableError, TimeoutError):
+    """A plugin did not return in time from opening (dlopen, ``GetPjrtApi``), initializing or
+    creating a client; the call is left running on a daemon thread (a plugin cannot be interrupted)."""
+
+
+class PluginInitializeTimeoutError(PluginTimeoutError):
     """``PJRT_Plugin_Initialize`` did not return in time (the plugin may wait for hardware)."""
 
 

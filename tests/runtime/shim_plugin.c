@@ -29,6 +29,11 @@
  *                          (shim_calls_entered()) and sleep shim_set_sleep_ms(n) ms (0 at start),
  *                          then check their handles: a test closes or deletes on another thread
  *                          meanwhile
+ *   SHIM_NULL_CLIENT       PJRT_Client_Create reports success but hands back no client (NULL)
+ *   SHIM_GET_API_SLEEP_MS=n   GetPjrtApi sleeps n ms first (a load that hangs)
+ *   SHIM_CREATE_SLEEP_MS=n    PJRT_Client_Create sleeps n ms first (a client creation that hangs)
+ *   SHIM_OVERSTATE_TABLE   PJRT_Api.struct_size claims 64 more slots than the table has; they hold
+ *                          pointers to data (what a real overstated table reads past its end)
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -38,7 +43,12 @@
 
 #include "pjrt_c_api.h"
 
-static PJRT_Api shim_api;
+/* The table and what follows it in memory (filled only with SHIM_OVERSTATE_TABLE). */
+static struct {
+  PJRT_Api api;
+  const void* tail[64];
+} shim_table;
+#define shim_api shim_table.api
 static const PJRT_Api* real_api;
 static char report[8192];
 
@@ -50,10 +60,15 @@ static void note(const char* fmt, const char* a, size_t n) {
   snprintf(report + used, sizeof(report) - used, fmt, (int)n, a);
 }
 
+static inline void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
 #ifdef SHIM_INIT_SLEEP_MS
 static PJRT_Error* shim_initialize(PJRT_Plugin_Initialize_Args* args) {
-  struct timespec ts = {SHIM_INIT_SLEEP_MS / 1000, (SHIM_INIT_SLEEP_MS % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
+  sleep_ms(SHIM_INIT_SLEEP_MS);
   return real_api->PJRT_Plugin_Initialize(args);
 }
 #endif
@@ -112,11 +127,11 @@ static PJRT_Error* shim_event_is_ready(PJRT_Event_IsReady_Args* args) {
 #define MAX_DEAD 4096
 static const void* dead[MAX_DEAD];
 static int num_dead;
-static int calls_entered, sleep_ms;
+static int calls_entered, call_sleep_ms;
 static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int shim_calls_entered(void) { return __atomic_load_n(&calls_entered, __ATOMIC_SEQ_CST); }
-void shim_set_sleep_ms(int ms) { __atomic_store_n(&sleep_ms, ms, __ATOMIC_SEQ_CST); }
+void shim_set_sleep_ms(int ms) { __atomic_store_n(&call_sleep_ms, ms, __ATOMIC_SEQ_CST); }
 
 static void bury(const void* handle) {
   pthread_mutex_lock(&dead_lock);
@@ -145,10 +160,9 @@ static void check_alive(const char* function, const void* handle) {
 }
 
 static void enter_slowly(void) {
-  int ms = __atomic_load_n(&sleep_ms, __ATOMIC_SEQ_CST);
+  int ms = __atomic_load_n(&call_sleep_ms, __ATOMIC_SEQ_CST);
   __atomic_add_fetch(&calls_entered, 1, __ATOMIC_SEQ_CST);
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  if (ms > 0) nanosleep(&ts, NULL);
+  if (ms > 0) sleep_ms(ms);
 }
 
 static size_t count_outputs(PJRT_LoadedExecutable* loaded) {
@@ -276,6 +290,27 @@ static PJRT_Error* shim_record_execute(PJRT_LoadedExecutable_Execute_Args* args)
 }
 #endif
 
+#ifdef SHIM_NULL_CLIENT
+static PJRT_Error* shim_null_client(PJRT_Client_Create_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Client_Create(args);
+  if (error) return error;
+  PJRT_Client_Destroy_Args destroy;
+  memset(&destroy, 0, sizeof(destroy));
+  destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+  destroy.client = args->client;
+  real_api->PJRT_Client_Destroy(&destroy);
+  args->client = NULL;
+  return NULL;
+}
+#endif
+
+#ifdef SHIM_CREATE_SLEEP_MS
+static PJRT_Error* shim_slow_create(PJRT_Client_Create_Args* args) {
+  sleep_ms(SHIM_CREATE_SLEEP_MS);
+  return real_api->PJRT_Client_Create(args);
+}
+#endif
+
 #ifdef SHIM_EXT_CYCLE
 static PJRT_Extension_Base ext_a, ext_b;
 #endif
@@ -363,6 +398,9 @@ const PJRT_Api* GetPjrtApi(void) {
 #ifdef SHIM_NULL_API
   return NULL;
 #endif
+#ifdef SHIM_GET_API_SLEEP_MS
+  sleep_ms(SHIM_GET_API_SLEEP_MS);
+#endif
   if (real_api) return &shim_api;
   void* handle = dlopen(SHIM_TARGET, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!handle) return NULL;
@@ -435,6 +473,16 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
 #ifdef SHIM_RECORD_LAUNCH_IDS
   shim_api.PJRT_LoadedExecutable_Execute = shim_record_execute;
+#endif
+#ifdef SHIM_NULL_CLIENT
+  shim_api.PJRT_Client_Create = shim_null_client;
+#endif
+#ifdef SHIM_CREATE_SLEEP_MS
+  shim_api.PJRT_Client_Create = shim_slow_create;
+#endif
+#ifdef SHIM_OVERSTATE_TABLE
+  for (size_t i = 0; i < sizeof(shim_table.tail) / sizeof(shim_table.tail[0]); i++) shim_table.tail[i] = &report[i];
+  shim_api.struct_size = sizeof(shim_table);
 #endif
   return &shim_api;
 }

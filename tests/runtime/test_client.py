@@ -68,6 +68,32 @@ def test_default_device_assignment(client8):
         client8.default_device_assignment(0, 1)
 
 
+def test_default_device_assignment_needs_that_many_devices(cpu_library_path):
+    """The CPU plugin answers 4 replicas on 1 device with ids 0..3, three of which do not exist."""
+    with Client(cpu_library_path, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
+        assert client.default_device_assignment(1) == [[0]]
+        with pytest.raises(ValueError, match="4 replica\\(s\\) x 1 partition\\(s\\) need 4 devices, but .* has 1"):
+            client.default_device_assignment(4)
+        with pytest.raises(ValueError, match="need 2 devices"):
+            client.default_device_assignment(1, 2)
+
+
+def test_a_client_create_that_returns_no_client_is_refused(build_shim, python_subprocess):
+    """A plugin reporting success with a NULL client: today's runtime accepts it and the first use crashes."""
+    code = f"""
+from pjrt_plugins.runtime import Client, PjrtError
+try:
+    client = Client({str(build_shim(SHIM_NULL_CLIENT=True))!r})
+except PjrtError as exc:
+    print("refused:", exc)
+else:
+    print("accepted", client.devices)
+"""
+    result = python_subprocess(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused: PJRT_Client_Create failed with INTERNAL: PJRT_Client_Create reported success but returned no client" in result.stdout
+
+
 def test_create_options_reach_the_plugin(cpu_library_path):
     with Client(cpu_library_path, {"cpu_device_count": 3}, schema=CPU_OPTION_SCHEMA) as client:
         assert len(client.devices) == 3

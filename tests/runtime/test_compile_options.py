@@ -73,11 +73,38 @@ def test_truncated_messages_raise_for_either_reader():
         ({"num_replicas": 2, "device_assignment": [[0], [0]]}, ValueError),
         ({"device_assignment": [[-1]]}, ValueError),
         ({"device_assignment": [5]}, TypeError),
+        ({"num_replicas": 2**32}, ValueError),  # the CPU plugin aborts on it
+        ({"num_partitions": 2**31}, ValueError),
+        ({"num_replicas": 2**16, "num_partitions": 2**16}, ValueError),  # fits alone, not together
+        ({"device_assignment": [[2**31]]}, ValueError),
     ],
 )
 def test_invalid_options(kwargs, error):
     with pytest.raises(error):
         CompileOptions(**kwargs)
+
+
+def test_compile_options_beyond_the_clients_devices_never_reach_the_plugin(cpu_library_path, python_subprocess):
+    """Today's CPU plugin aborts (or runs out of memory) on replica and partition counts it cannot have."""
+    code = f"""
+from pjrt_plugins.runtime import Client, CompileOptions
+from pjrt_plugins.conform._programs import ADD_F32
+client = Client({str(cpu_library_path)!r}, {{"cpu_device_count": 1}}, schema={{"cpu_device_count": int}})
+for make in (lambda: CompileOptions(num_replicas=2**32), lambda: CompileOptions(num_replicas=65536, num_partitions=32768),
+             lambda: CompileOptions(num_partitions=2), lambda: CompileOptions(device_assignment=[[3]])):
+    try:
+        client.compile(ADD_F32, make())
+    except ValueError as exc:
+        print("refused:", exc)
+print("alive")
+"""
+    result = python_subprocess(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "alive" and len([line for line in lines if line.startswith("refused:")]) == 4, result.stdout
+    assert "must be an integer from 1 to 2147483647" in lines[0]
+    assert "need 1 replica(s) x 2 partition(s) = 2 devices, but the client" in result.stdout
+    assert "names device ids [3] that the client" in result.stdout
 
 
 def test_options_are_frozen_and_hashable():

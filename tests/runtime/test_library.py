@@ -21,7 +21,9 @@ from pjrt_plugins.runtime import (
     UnsupportedFunctionError,
     load_library,
 )
-from pjrt_plugins.runtime._cdef import MIN_SUPPORTED_MINOR
+from pjrt_plugins.runtime import _cdef
+from pjrt_plugins.runtime._cdef import HEADER_MINOR, MIN_SUPPORTED_MINOR
+from pjrt_plugins.runtime._elf import check_shared_library
 
 
 def test_cpu_plugin_loads_with_version_attributes_and_extensions(cpu_library_path):
@@ -80,11 +82,53 @@ def test_non_elf_file_renamed_so(tmp_path):
         load_library(fake)
 
 
-def test_truncated_elf_file(tmp_path):
-    fake = tmp_path / "libtruncated.so"
+def test_an_elf_file_with_a_damaged_header(tmp_path):
+    fake = tmp_path / "libdamaged.so"
     fake.write_bytes(b"\x7fELF" + b"\0" * 60)
-    with pytest.raises(LibraryLoadError, match="cannot open"):
+    with pytest.raises(LibraryLoadError, match="damaged ELF header"):
         load_library(fake)
+
+
+def test_a_truncated_copy_of_the_real_plugin_is_refused_before_dlopen(cpu_library_path, tmp_path, python_subprocess):
+    """dlopen would map segments past the end of the file and die of SIGBUS (it does on today's loader)."""
+    truncated = tmp_path / "libtruncated.so"
+    with open(cpu_library_path, "rb") as whole:
+        truncated.write_bytes(whole.read(8 << 20))
+    result = python_subprocess(
+        "from pjrt_plugins.errors import LibraryLoadError\n"
+        "from pjrt_plugins.runtime import load_library\n"
+        "try:\n"
+        f"    load_library({str(truncated)!r})\n"
+        "except LibraryLoadError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused:" in result.stdout and "is truncated or damaged" in result.stdout
+    assert f"the file has only {8 << 20} bytes" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({4: 1}, "is a 32-bit library"),
+        ({16: 2}, "not a shared library \\(type 2\\)"),  # ET_EXEC
+        ({18: 40}, "built for another CPU architecture"),  # EM_ARM
+    ],
+)
+def test_an_elf_file_for_another_target_is_refused(cpu_library_path, tmp_path, change, match):
+    """The header check alone (never dlopen: these files would crash the loader)."""
+    with open(cpu_library_path, "rb") as whole:
+        head = bytearray(whole.read(1 << 20))
+    for offset, value in change.items():
+        head[offset] = value
+    library = tmp_path / "libother.so"
+    library.write_bytes(bytes(head))
+    with pytest.raises(LibraryLoadError, match=match):
+        check_shared_library(str(library))
+
+
+def test_the_real_plugin_passes_the_header_check(cpu_library_path):
+    check_shared_library(str(cpu_library_path))
 
 
 def test_library_without_get_pjrt_api(build_c_library):
@@ -154,6 +198,29 @@ def test_function_added_after_an_older_plugins_version(build_shim):
     message = str(info.value)
     assert "PJRT C API 0.72" in message and "added in PJRT C API 0.79" in message and "upgrade the plugin" in message
     assert lib.has_function("PJRT_Client_CreateUninitializedBuffer")  # 0.69, inside the table
+
+
+def test_a_table_overstating_its_size_answers_only_for_its_versions_slots(build_shim):
+    """struct_size claims 64 more slots than the table has; after the table lie pointers to data."""
+    lib = load_library(build_shim(SHIM_OVERSTATE_TABLE=True))
+    assert lib.api_version == (0, 81)  # the real CPU plugin's
+    assert lib.api_struct_size >= _cdef.slot_end("PJRT_TopologyDescription_Fingerprint")
+    for name in ("PJRT_Client_CreateErrorBuffer", "PJRT_Device_GetAttributes", "PJRT_TopologyDescription_Fingerprint"):
+        assert not lib.has_function(name), name
+    with pytest.raises(UnsupportedFunctionError, match="more than its version has.*added in PJRT C API 0.82"):
+        lib.function("PJRT_Client_CreateErrorBuffer")
+    with Client(lib) as client:  # its real functions still work
+        x = client.buffer_from_host(np.ones(4, np.float32))
+        assert client.compile(ADD_F32_4).execute([[x, x]])[0][0].to_numpy().tolist() == [2.0] * 4
+
+
+def test_slots_that_do_not_point_into_code_are_never_called(build_shim):
+    """The same table claiming the newest version: its slots past the real table point to data."""
+    lib = load_library(build_shim(SHIM_OVERSTATE_TABLE=True, SHIM_MINOR=HEADER_MINOR))
+    assert not lib.has_function("PJRT_Client_CreateErrorBuffer")
+    with pytest.raises(UnsupportedFunctionError, match="does not point into executable code"):
+        lib.function("PJRT_Device_GetAttributes")
+    assert lib.has_function("PJRT_Client_Compile")
 
 
 def test_null_slot_is_reported_as_not_implemented(build_shim):

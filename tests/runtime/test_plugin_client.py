@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from runtime_support import CPU_OPTION_SCHEMA
 
 import pjrt_plugins
 from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
-from pjrt_plugins.runtime import Client, PluginInitializeTimeoutError, create_client_for_plugin
+from pjrt_plugins.runtime import Client, PluginInitializeTimeoutError, PluginTimeoutError, create_client_for_plugin
 
 
 class RecordingCpuPlugin(DevicePlugin):
@@ -107,6 +108,20 @@ def test_the_plugin_initialize_timeout_bounds_initialization(build_shim):
     plugin = RecordingCpuPlugin(str(build_shim(SHIM_INIT_SLEEP_MS=1200)), timeout=0.1)
     with pytest.raises(PluginInitializeTimeoutError):
         create_client_for_plugin(plugin)
+
+
+@pytest.mark.parametrize(
+    "hang, function",
+    [("SHIM_GET_API_SLEEP_MS", "dlopen and GetPjrtApi"), ("SHIM_CREATE_SLEEP_MS", "PJRT_Client_Create")],
+)
+def test_the_plugin_initialize_timeout_bounds_opening_and_client_creation(build_shim, hang, function):
+    """GetPjrtApi or PJRT_Client_Create that does not return: the caller (`pjrt-plugins devices`, ...)
+    gets PluginTimeoutError after the plugin's initialize timeout; the call is left on a daemon thread."""
+    plugin = RecordingCpuPlugin(str(build_shim(**{hang: 15000})), timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(PluginTimeoutError, match=f"{function}.* did not return within 0.5 s"):
+        create_client_for_plugin(plugin)
+    assert time.monotonic() - started < 10
 
 
 def test_missing_library_is_reported_by_the_plugin(tmp_path):

@@ -1,8 +1,8 @@
 """The PJRT C API runtime: load plugin libraries, move buffers, compile and run programs.
 
 Everything goes through cffi in ABI mode against our own declarations (``_cdef``), with
-every C function gated by the plugin's ``struct_size`` and every ``PJRT_Error`` turned
-into a :class:`~pjrt_plugins.PjrtError`. Importing this package opens no library.
+every C function gated by the plugin's ``struct_size`` and version and every ``PJRT_Error``
+turned into a :class:`~pjrt_plugins.PjrtError`. Importing this package opens no library.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..errors import (
     LibraryLoadError,
     PjrtError,
     PluginInitializeTimeoutError,
+    PluginTimeoutError,
     UnsupportedFunctionError,
 )
 from ._buffer import HOST_ALIGNMENT, Buffer, aligned_empty
@@ -48,6 +49,7 @@ __all__ = [
     "Memory",
     "PjrtError",
     "PluginInitializeTimeoutError",
+    "PluginTimeoutError",
     "SUPPORTED_API_VERSIONS",
     "UnsupportedFunctionError",
     "aligned_empty",

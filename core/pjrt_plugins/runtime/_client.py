@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError
+from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
+from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError, PluginTimeoutError
 from ..options import validate_options
+from ._bounded import BoundedCall
 from ._buffer import Buffer, _pin_lock, aligned_copy, host_array
 from ._cdef import ffi
 from ._compile_options import CompileOptions
@@ -33,6 +35,7 @@ from ._named_values import EncodedNamedValues, decode_named_values
 
 logger = logging.getLogger(__name__)
 
+_INTERNAL = 13  # absl::StatusCode::kInternal
 _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
 _UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -194,6 +197,9 @@ class Client:
     ``options`` are checked against ``schema`` (``{name: type}``) before the C call:
     an unknown name raises ValueError listing the known ones, a wrong type raises
     TypeError. ``kv_store`` (get/try_get/put) is wired to the plugin's KV callbacks.
+    ``initialize_timeout`` (seconds, default 60) bounds opening the library,
+    ``PJRT_Plugin_Initialize`` and, without a ``kv_store`` (whose own timeouts bound the
+    wait for peers), ``PJRT_Client_Create``: past it, :class:`PluginTimeoutError`.
 
     Thread-safe: any thread may upload, compile, execute and read on one client at once,
     and ``close()`` on one thread waits for the calls running on others (new calls then
@@ -227,7 +233,7 @@ class Client:
         self._lock = threading.RLock()
         self._pins = 0  # host views (Buffer.host_view) alive on this client's buffers: close() waits for none
         self._kv: KvCallbacks | None = None
-        lib = library if isinstance(library, Library) else load_library(library)
+        lib = library if isinstance(library, Library) else load_library(library, initialize_timeout)
         self._lib = lib
         self.plugin_name = plugin_name or lib.name
         if options is not None and not isinstance(options, Mapping):
@@ -244,7 +250,15 @@ class Client:
             args.kv_put_callback = self._kv.put
             if lib.supports_field("PJRT_Client_Create_Args", "kv_try_get_callback"):
                 args.kv_try_get_callback = self._kv.try_get
-        lib.call("PJRT_Client_Create", args)
+        if self._kv is not None:  # on this thread: the store bounds each wait, and Ctrl-C reaches its get
+            lib.call("PJRT_Client_Create", args)
+        else:
+            _create_bounded(lib, args, encoded, initialize_timeout)
+        if args.client == ffi.NULL:
+            raise PjrtError(
+                _INTERNAL, "PJRT_Client_Create reported success but returned no client", function="PJRT_Client_Create",
+                hint=f"a bug in the plugin {self.plugin_name!r}; using that client would crash the process",
+            )
         self._ptr = args.client
         self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
@@ -505,10 +519,23 @@ class Client:
             return self._device(args.addressable_device)
 
     def default_device_assignment(self, num_replicas: int, num_partitions: int = 1) -> list[list[int]]:
-        """Device ids as ``[replica][partition]``, the plugin's default placement."""
-        if num_replicas < 1 or num_partitions < 1:
-            raise ValueError("num_replicas and num_partitions must be >= 1")
+        """Device ids as ``[replica][partition]``, the plugin's default placement.
+
+        Raises ValueError when the client has fewer devices than ``num_replicas *
+        num_partitions``, and :class:`PjrtPluginsError` when the plugin answers with a
+        device id the client does not have.
+        """
+        for name, value in (("num_replicas", num_replicas), ("num_partitions", num_partitions)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        num_replicas, num_partitions = int(num_replicas), int(num_partitions)
         count = num_replicas * num_partitions
+        known = {device.id for device in self.devices}
+        if count > len(known):
+            raise ValueError(
+                f"{num_replicas} replica(s) x {num_partitions} partition(s) need {count} devices, but the client "
+                f"on {self.plugin_name!r} has {len(known)}"
+            )
         out = ffi.new("int[]", count)
         self._invoke(
             "PJRT_Client_DefaultDeviceAssignment",
@@ -518,7 +545,32 @@ class Client:
             default_assignment=out,
         )
         flat = list(out)
+        unknown = sorted(set(flat) - known)
+        if unknown or len(set(flat)) != count:
+            raise PjrtPluginsError(
+                f"{self.plugin_name!r} answered PJRT_Client_DefaultDeviceAssignment({num_replicas}, {num_partitions}) "
+                f"with device ids {flat}, which are not {count} distinct ids of its devices {sorted(known)}: "
+                "a bug in the plugin; pass an explicit device assignment instead"
+            )
         return [flat[r * num_partitions : (r + 1) * num_partitions] for r in range(num_replicas)]
+
+    def _check_fits(self, options: CompileOptions) -> None:
+        """Refuse compile options that need more devices, or other devices, than this client has
+        (the CPU plugin runs out of memory or aborts on such requests instead of returning an error)."""
+        known = {device.id for device in self.devices}
+        needed = options.num_replicas * options.num_partitions
+        if needed > len(known):
+            raise ValueError(
+                f"these compile options need {options.num_replicas} replica(s) x {options.num_partitions} "
+                f"partition(s) = {needed} devices, but the client on {self.plugin_name!r} has {len(known)}"
+            )
+        if options.device_assignment is not None:
+            unknown = sorted({d for row in options.device_assignment for d in row} - known)
+            if unknown:
+                raise ValueError(
+                    f"CompileOptions.device_assignment names device ids {unknown} that the client on "
+                    f"{self.plugin_name!r} does not have (its devices: {sorted(known)})"
+                )
 
     def _device(self, ptr: Any) -> Device:
         key = int(ffi.cast("uintptr_t", ptr))
@@ -623,6 +675,8 @@ class Client:
                 raise TypeError(f"program must be str or bytes, got {type(program).__name__}")
             if not code:
                 raise ValueError("cannot compile an empty program")
+            if isinstance(options, CompileOptions):
+                self._check_fits(options)
             serialized = _serialized_options(CompileOptions() if options is None else options)
             code_c = ffi.new("char[]", code)
             format_c = ffi.new("char[]", format.encode("ascii"))
@@ -655,6 +709,8 @@ class Client:
             args.serialized_executable_size = len(blob)
             keep = None
             if options is not None:
+                if isinstance(options, CompileOptions):
+                    self._check_fits(options)
                 if not self._lib.supports_field(
                     "PJRT_Executable_DeserializeAndLoad_Args", "overridden_serialized_compile_options"
                 ):
@@ -678,6 +734,35 @@ class Client:
         except ClientClosedError:  # closed by another thread meanwhile
             pass
         return f"<pjrt Client {self.plugin_name!r} (closed)>"
+
+
+def _create_bounded(lib: Library, args: Any, encoded: EncodedNamedValues, timeout: float | None) -> None:
+    """``PJRT_Client_Create(args)`` on a daemon thread, waited for at most ``timeout`` seconds.
+
+    Past it, PluginTimeoutError; a client the plugin creates later is destroyed then
+    (``args`` and the option values it points to stay alive until the call returns).
+    """
+
+    def create(keep_alive: Any = encoded) -> None:  # the option values stay alive as long as the call
+        lib.call("PJRT_Client_Create", args)
+
+    def destroy_late_client(_: None) -> None:
+        if args.client != ffi.NULL:
+            lib.invoke("PJRT_Client_Destroy", client=args.client)
+
+    call = BoundedCall(create, f"pjrt-client-create:{lib.name}")
+    if timeout is None:
+        timeout = DEFAULT_INITIALIZE_TIMEOUT_S
+    if call.wait(timeout):
+        call.outcome()
+        return
+
+    call.give_up(destroy_late_client)
+    raise PluginTimeoutError(
+        f"PJRT_Client_Create in {lib.name} did not return within {timeout:g} s. The plugin may be waiting for "
+        "hardware, a driver or a peer process; check the device and the plugin's requirements, or raise the "
+        "plugin's initialize timeout."
+    )
 
 
 def _serialized_options(options: CompileOptions | bytes) -> bytes:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from ._proto import int_field, message_field, packed_ints
 
 
+#: XLA reads replica, partition and device counts into C++ ints: larger values abort the plugin.
+_INT32_MAX = 2**31 - 1
 # CompileOptionsProto
 _COMPILE_EXECUTABLE_BUILD_OPTIONS = 3
 _COMPILE_PORTABLE_EXECUTABLE = 4
@@ -35,7 +37,9 @@ class CompileOptions:
     """How to compile a program: replicas, partitions, SPMD partitioning, device assignment.
 
     ``device_assignment[replica][partition]`` is a device id; it must have shape
-    ``(num_replicas, num_partitions)``. ``None`` lets the plugin choose (its default
+    ``(num_replicas, num_partitions)``. Counts and ids must fit XLA's 32-bit ints (larger
+    ones abort plugins), and ``Client.compile`` refuses options needing more devices than
+    the client has. ``None`` lets the plugin choose (its default
     assignment). ``allow_spmd_sharding_propagation_to_output`` (and ``..._to_parameters``)
     lets the SPMD partitioner choose the outputs' (parameters') shardings: True for all, or
     one flag per output (parameter). ``serialize()`` gives the ``xla.CompileOptionsProto``
@@ -53,8 +57,13 @@ class CompileOptions:
     def __post_init__(self) -> None:
         for name in ("num_replicas", "num_partitions"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"CompileOptions.{name} must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT32_MAX:
+                raise ValueError(f"CompileOptions.{name} must be an integer from 1 to {_INT32_MAX}, got {value!r}")
+        if self.num_replicas * self.num_partitions > _INT32_MAX:
+            raise ValueError(
+                f"CompileOptions: {self.num_replicas} replicas x {self.num_partitions} partitions is more devices "
+                f"than a program can run on (at most {_INT32_MAX})"
+            )
         for name in ("allow_spmd_sharding_propagation_to_output", "allow_spmd_sharding_propagation_to_parameters"):
             value = getattr(self, name)
             flags = (value,) if isinstance(value, bool) else tuple(value)
@@ -77,8 +86,8 @@ class CompileOptions:
                 f"{self.num_partitions} device id(s) (replicas x partitions), got {[list(r) for r in rows]}"
             )
         flat = [d for row in rows for d in row]
-        if any(d < 0 for d in flat):
-            raise ValueError(f"device ids in CompileOptions.device_assignment must be >= 0, got {flat}")
+        if any(not 0 <= d <= _INT32_MAX for d in flat):
+            raise ValueError(f"device ids in CompileOptions.device_assignment must be from 0 to {_INT32_MAX}, got {flat}")
         if len(set(flat)) != len(flat):
             raise ValueError(f"CompileOptions.device_assignment repeats a device id: {flat}")
         object.__setattr__(self, "device_assignment", rows)

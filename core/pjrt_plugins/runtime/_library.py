@@ -1,9 +1,11 @@
 """Open a PJRT plugin library once, check its API version, and call its functions safely.
 
 Every call goes through a slot that was checked against the plugin's ``struct_size`` and
-for NULL; every ``PJRT_Error`` becomes a :class:`PjrtError` and is destroyed. A library is
-opened with ``RTLD_NOW | RTLD_NODELETE`` and never closed: closing a plugin under its live
-static state crashes the process at exit.
+version, for NULL, and for pointing into executable memory; every ``PJRT_Error`` becomes a
+:class:`PjrtError` and is destroyed. The file's ELF headers are checked before dlopen; the
+opening (dlopen, ``GetPjrtApi``) and ``PJRT_Plugin_Initialize`` are bounded in time. A
+library is opened with ``RTLD_NOW | RTLD_NODELETE`` and never closed: closing a plugin under
+its live static state crashes the process at exit.
 """
 
 from __future__ import annotations
@@ -22,18 +24,22 @@ from ..errors import (
     LibraryLoadError,
     PjrtError,
     PluginInitializeTimeoutError,
+    PluginTimeoutError,
     UnsupportedFunctionError,
 )
 from . import _cdef
+from ._bounded import BoundedCall
 from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
+from ._code_map import is_executable_address
+from ._elf import check_shared_library
 from ._named_values import decode_named_values
 
 logger = logging.getLogger(__name__)
 
-_ELF_MAGIC = b"\x7fELF"
 _MAX_EXTENSIONS = 256
 _load_lock = threading.Lock()
 _libraries: dict[str, Library] = {}
+_opening: dict[str, BoundedCall[Library]] = {}  # by resolved path, while dlopen/GetPjrtApi run
 _ctypes: dict[str, Any] = {}
 
 # Essential functions: without them no error can be read or freed, so such a library is refused.
@@ -87,12 +93,15 @@ def version_text(version: tuple[int, int]) -> str:
     return f"{version[0]}.{version[1]}"
 
 
-def load_library(path: str | os.PathLike[str]) -> Library:
+def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> Library:
     """Open the PJRT plugin at ``path`` (once per resolved path) without initializing it.
 
     Raises :class:`LibraryLoadError` for a missing file, a file that is not a shared
-    library, or one without ``GetPjrtApi``; :class:`ApiVersionError` for a major version we
-    do not speak or a minor below :data:`MIN_SUPPORTED_MINOR`.
+    library of this machine, a truncated one, or one without ``GetPjrtApi``;
+    :class:`ApiVersionError` for a major version we do not speak or a minor below
+    :data:`MIN_SUPPORTED_MINOR`; :class:`PluginTimeoutError` when dlopen and ``GetPjrtApi``
+    have not returned within ``timeout`` seconds (default: 60; a later call waits for the
+    same attempt).
     """
     given = Path(os.fspath(path))
     if not given.exists():
@@ -102,10 +111,33 @@ def load_library(path: str | os.PathLike[str]) -> Library:
     resolved = os.path.realpath(given)
     with _load_lock:
         library = _libraries.get(resolved)
-        if library is None:
-            library = Library._open(resolved)
-            _libraries[resolved] = library
-        return library
+        if library is not None:
+            return library
+        opening = _opening.get(resolved)
+        if opening is None:
+            opening = _opening[resolved] = BoundedCall(
+                lambda: _open_once(resolved), f"pjrt-open:{os.path.basename(resolved)}"
+            )
+    if timeout is None:
+        timeout = DEFAULT_INITIALIZE_TIMEOUT_S
+    if not opening.wait(timeout):
+        raise PluginTimeoutError(
+            f"opening {resolved!r} (dlopen and GetPjrtApi) did not return within {timeout:g} s. A static "
+            "initializer of the library (or of one it needs) is blocked; the process cannot load other "
+            "libraries safely now. Check the plugin's installation and its dependencies."
+        )
+    return opening.outcome()
+
+
+def _open_once(path: str) -> Library:
+    """Open and register the library at resolved ``path`` (runs on the opening thread)."""
+    try:
+        library = Library._open(path)
+        with _load_lock:
+            return _libraries.setdefault(path, library)
+    finally:
+        with _load_lock:
+            _opening.pop(path, None)
 
 
 def loaded_libraries() -> dict[str, Library]:
@@ -134,9 +166,7 @@ class Library:
         )
         self._fns: dict[str, Any] = {}
         self._init_lock = threading.Lock()
-        self._init_done = threading.Event()
-        self._init_thread: threading.Thread | None = None
-        self._init_outcome: BaseException | None = None
+        self._init_call: BoundedCall[None] | None = None
         self._initialized = False
         self._attributes: dict[str, Any] | None = None
         self._error_message = self._error_get_code = self._error_destroy = None
@@ -145,16 +175,7 @@ class Library:
 
     @classmethod
     def _open(cls, path: str) -> Library:
-        try:
-            with open(path, "rb") as f:
-                magic = f.read(4)
-        except OSError as exc:
-            raise LibraryLoadError(f"cannot read PJRT plugin library {path!r}: {exc}") from exc
-        if magic != _ELF_MAGIC:
-            raise LibraryLoadError(
-                f"{path!r} is not a shared library (it does not start with the ELF magic bytes; "
-                f"found {magic!r}). Point the plugin at its .so file."
-            )
+        check_shared_library(path)  # a truncated file would crash inside dlopen
         try:
             handle = ffi.dlopen(path, ffi.RTLD_NOW | ffi.RTLD_LOCAL | ffi.RTLD_NODELETE)
         except OSError as exc:
@@ -218,7 +239,7 @@ class Library:
     # -- slots -----------------------------------------------------------------------
 
     def has_function(self, name: str) -> bool:
-        """Whether the plugin provides C API function ``name`` (in range and non-NULL)."""
+        """Whether the plugin provides C API function ``name`` (in its table and version, non-NULL, code)."""
         try:
             self._fn(name)
         except UnsupportedFunctionError:
@@ -226,7 +247,8 @@ class Library:
         return True
 
     def function(self, name: str) -> Any:
-        """The cffi function pointer ``name``, checked against struct_size and for NULL.
+        """The cffi function pointer ``name``, checked against struct_size, the plugin's version,
+        for NULL and for pointing into executable memory.
 
         Raises :class:`UnsupportedFunctionError` (naming the function, the plugin's version
         and the version that added it) when the plugin does not provide it.
@@ -245,9 +267,19 @@ class Library:
             raise self._unsupported(
                 name, f"its PJRT_Api table has {self.api_struct_size} bytes and this slot needs {end}"
             )
+        if self.api_version[1] < slot.added and name not in _cdef.ADDED_BY_AT_LATEST:
+            # A table cannot hold slots newer than its version: a larger struct_size overstates it.
+            raise self._unsupported(
+                name, f"its PJRT_Api table claims {self.api_struct_size} bytes, more than its version has"
+            )
         fn = getattr(self._api, name)
         if fn == ffi.NULL:
             raise self._unsupported(name, "the plugin leaves this function unset (NULL)")
+        if not is_executable_address(int(ffi.cast("uintptr_t", fn))):
+            raise self._unsupported(
+                name, "this slot does not point into executable code (the table is shorter than its "
+                "struct_size claims, or damaged); it is never called"
+            )
         self._fns[name] = fn
         return fn
 
@@ -383,31 +415,22 @@ class Library:
         if timeout is None:
             timeout = DEFAULT_INITIALIZE_TIMEOUT_S
         with self._init_lock:
-            if self._init_thread is None:
-                self._init_thread = threading.Thread(
-                    target=self._run_initialize, name=f"pjrt-initialize:{self.name}", daemon=True
-                )
-                self._init_thread.start()
-        if not self._init_done.wait(timeout):
+            if self._init_call is None:
+                self._init_call = BoundedCall(self._run_initialize, f"pjrt-initialize:{self.name}")
+        if not self._init_call.wait(timeout):
             raise PluginInitializeTimeoutError(
                 f"PJRT_Plugin_Initialize in {self.name} did not return within {timeout:g} s. The "
                 "plugin may be waiting for hardware or a service that is not there; check that the "
                 "device is present, or raise the plugin's initialize timeout."
             )
-        if self._init_outcome is not None:
-            raise self._init_outcome
+        self._init_call.outcome()
         self._initialized = True
 
     def _run_initialize(self) -> None:
-        try:
-            if not self.has_function("PJRT_Plugin_Initialize"):
-                logger.debug("%s has no PJRT_Plugin_Initialize; nothing to run", self.name)
-            else:
-                self.invoke("PJRT_Plugin_Initialize")
-        except BaseException as exc:  # handed to the waiting thread, never lost
-            self._init_outcome = exc
-        finally:
-            self._init_done.set()
+        if not self.has_function("PJRT_Plugin_Initialize"):
+            logger.debug("%s has no PJRT_Plugin_Initialize; nothing to run", self.name)
+        else:
+            self.invoke("PJRT_Plugin_Initialize")
 
     @property
     def attributes(self) -> dict[str, Any]:

@@ -41,8 +41,9 @@ def create_client_for_plugin(
     """
     name = plugin_label(plugin)
     prepare_process(plugin, configure=configure)
-    library = load_library(plugin.library_path())
-    library.initialize(timeout=plugin.initialize_timeout())
+    timeout = plugin.initialize_timeout()  # bounds opening, initializing and creating the client
+    library = load_library(plugin.library_path(), timeout=timeout)
+    library.initialize(timeout=timeout)
     if kv_store is None and plugin.requires_coordinator() and plugin.local_world_size() > 1:
         logger.warning(
             "plugin %s needs a key-value store shared by its processes but none was given; "
@@ -53,7 +54,9 @@ def create_client_for_plugin(
     environment = dict(plugin.hook.pjrt_client_create_environment(options=dict(merged)) or {})
     try:
         with _environment(environment):
-            client = Client(library, merged, schema=schema, kv_store=kv_store, plugin_name=name)
+            client = Client(
+                library, merged, schema=schema, kv_store=kv_store, plugin_name=name, initialize_timeout=timeout
+            )
     except PjrtError as error:
         raise _with_plugin_hint(error, plugin) from None
     client.stall_timeout = plugin.hook.pjrt_stall_timeout()
