@@ -14,6 +14,7 @@ Typical use, in every process of a ``torchrun --nproc-per-node N`` job::
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -36,15 +37,20 @@ __all__ = [
     "DEFAULT_STORE_TIMEOUT_S",
     "KEY_NAMESPACE",
     "ProcessInfo",
+    "STORE_TIMEOUT_ENV",
     "TorchStoreKV",
     "create_client",
     "default_store",
     "describe_store",
     "process_info",
+    "store_timeout",
 ]
 
-#: Seconds allowed to reach the store, and for a ``get`` whose plugin gives no timeout.
+#: Seconds allowed to reach the store (and for every peer to join it), and for a ``get`` whose
+#: plugin gives no timeout, unless ``STORE_TIMEOUT_ENV`` or a ``timeout`` argument says otherwise.
 DEFAULT_STORE_TIMEOUT_S = 300.0
+#: Environment variable overriding :data:`DEFAULT_STORE_TIMEOUT_S` (seconds, a positive number).
+STORE_TIMEOUT_ENV = "PJRT_PLUGINS_STORE_TIMEOUT"
 #: Every key a plugin writes lands under ``KEY_NAMESPACE/<plugin>/<client number>/``.
 KEY_NAMESPACE = "pjrt_plugins"
 #: A blocking ``get`` waits in slices this long and logs a warning after each one,
@@ -129,15 +135,38 @@ def process_info(plugin: DevicePlugin | str | None = None) -> ProcessInfo:
 # -- the store -------------------------------------------------------------------------
 
 
-def default_store(timeout: float = DEFAULT_STORE_TIMEOUT_S) -> Any:
+def store_timeout(timeout: float | None = None) -> float:
+    """``timeout`` if given, else ``$PJRT_PLUGINS_STORE_TIMEOUT``, else :data:`DEFAULT_STORE_TIMEOUT_S`.
+
+    Raises :class:`~pjrt_plugins.errors.DistributedSetupError` for a value that is not a
+    finite positive number of seconds (naming the variable when it came from there).
+    """
+    source = "the timeout argument"
+    if timeout is None:
+        raw = os.environ.get(STORE_TIMEOUT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_STORE_TIMEOUT_S
+        source = f"{STORE_TIMEOUT_ENV}={raw!r}"
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = math.nan
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise DistributedSetupError(f"{source} must be a finite number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def default_store(timeout: float | None = None) -> Any:
     """torch.distributed's store for this job.
 
     The default process group's store when ``torch.distributed.init_process_group``
     has run; otherwise the ``env://`` store of ``MASTER_ADDR`` / ``MASTER_PORT``
     (under torchrun a client of the agent's ``TCPStore``; without torchrun rank 0
-    hosts it), created once per process. ``timeout`` bounds reaching it.
+    hosts it and waits there for every process of the job), created once per process.
+    ``timeout`` (default: :func:`store_timeout`) bounds reaching it.
     """
     global _env_store
+    timeout = store_timeout(timeout)
     dist = _initialized_torch_distributed()
     if dist is not None:
         return dist.distributed_c10d._get_default_store()
@@ -159,9 +188,11 @@ def default_store(timeout: float = DEFAULT_STORE_TIMEOUT_S) -> Any:
             store, _rank, _world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
         except Exception as exc:
             raise DistributedSetupError(
-                f"cannot reach the torch.distributed store at {address} within {timeout:.0f} s: "
-                f"{type(exc).__name__}: {_first_line(exc)}. Check that MASTER_ADDR/MASTER_PORT name the host and "
-                "port of node rank 0 (torchrun --master-addr/--master-port) and that the port is open between hosts"
+                f"cannot reach the torch.distributed store at {address} within {timeout:g} s, or not every one "
+                f"of the job's {os.environ['WORLD_SIZE']} processes joined it: {type(exc).__name__}: "
+                f"{_first_line(exc)}. Check that every process was started, that MASTER_ADDR/MASTER_PORT name the "
+                "host and port of rank 0 (torchrun --master-addr/--master-port) and that the port is open between "
+                f"hosts. The wait is bounded by {STORE_TIMEOUT_ENV} (seconds) or create_client(timeout=...)"
             ) from exc
         _env_store = store
         return store
@@ -209,13 +240,13 @@ class TorchStoreKV:
     ``ConnectionError``); the runtime turns them into the plugin's errors.
     """
 
-    def __init__(self, store: Any, *, prefix: str = "", default_timeout: float = DEFAULT_STORE_TIMEOUT_S) -> None:
+    def __init__(self, store: Any, *, prefix: str = "", default_timeout: float | None = None) -> None:
         for method in ("get", "set", "wait", "check"):
             if not callable(getattr(store, method, None)):
                 raise TypeError(f"store must be a torch.distributed Store; {type(store).__name__} has no {method}()")
         self.store = store
         self.prefix = prefix
-        self.default_timeout = float(default_timeout)
+        self.default_timeout = store_timeout(default_timeout)
         self.address = describe_store(store)
         self._local = threading.local()
 
@@ -332,7 +363,7 @@ def create_client(
     *,
     store: Any = None,
     namespace: str | None = None,
-    timeout: float = DEFAULT_STORE_TIMEOUT_S,
+    timeout: float | None = None,
     configure: bool = True,
 ) -> Client:
     """Create ``plugin``'s client for this process of a multi-process job.
@@ -350,11 +381,14 @@ def create_client(
     :meth:`DevicePlugin.create_client`, ``configure_multiprocess`` runs first
     (``configure=True``), so each process gets its own device.
 
-    ``timeout`` (seconds) bounds reaching the store and any ``get`` for which the
-    plugin gives no timeout of its own. A peer that never publishes its key makes
-    the plugin's ``get`` fail with ``DEADLINE_EXCEEDED`` (a
+    ``timeout`` (seconds; default ``$PJRT_PLUGINS_STORE_TIMEOUT``, else 300) bounds
+    reaching the store (without torchrun, rank 0 waits that long for every process to
+    join) and any ``get`` for which the plugin gives no timeout of its own. A peer that
+    never joins is a :class:`~pjrt_plugins.errors.DistributedSetupError`; one that never
+    publishes its key makes the plugin's ``get`` fail with ``DEADLINE_EXCEEDED`` (a
     :class:`~pjrt_plugins.PjrtError` naming the key), never a hang.
     """
+    timeout = store_timeout(timeout)
     plugin = _resolve_plugin(plugin)
     name = plugin.name or type(plugin).__name__.lower()
     info = process_info(plugin)

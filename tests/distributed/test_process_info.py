@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from distributed_support import clean_env
+from distributed_support import clean_env, free_port
 
 import pjrt_plugins
 from pjrt_plugins import distributed
@@ -94,6 +94,46 @@ def test_an_unreachable_store_is_a_bounded_setup_error(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # as under torchrun: connect, never host
     with pytest.raises(DistributedSetupError, match=rf"cannot reach the torch.distributed store at 127.0.0.1:{port}"):
         distributed.default_store(timeout=0.5)
+
+
+ABSENT_PEER = """
+import time
+from pjrt_plugins import distributed
+from pjrt_plugins.errors import DistributedSetupError
+started = time.monotonic()
+try:
+    distributed.create_client("stub_neuron")
+except DistributedSetupError as exc:
+    print(f"after {time.monotonic() - started:.1f} s: {exc}")
+"""
+
+
+def test_a_hand_started_rank_whose_peer_never_joins_fails_within_the_configured_bound():
+    """Rank 0 started by hand (no torchrun) hosts the store and waits for its peer: 300 s by
+    default, here the 2 s PJRT_PLUGINS_STORE_TIMEOUT sets, then an error saying what to do."""
+    env = clean_env(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="2",
+        PJRT_PLUGINS_STORE_TIMEOUT="2",
+    )  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", ABSENT_PEER], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seconds = float(out.stdout.split()[1])
+    assert seconds < 60, out.stdout
+    assert "within 2 s, or not every one of the job's 2 processes joined it" in out.stdout
+    assert "Check that every process was started" in out.stdout and "PJRT_PLUGINS_STORE_TIMEOUT" in out.stdout
+
+
+def test_the_store_timeout_comes_from_the_argument_then_the_environment(monkeypatch, tcp_store):
+    assert distributed.store_timeout() == distributed.DEFAULT_STORE_TIMEOUT_S
+    monkeypatch.setenv("PJRT_PLUGINS_STORE_TIMEOUT", "12.5")
+    assert distributed.store_timeout() == 12.5 and distributed.store_timeout(3) == 3.0
+    assert distributed.TorchStoreKV(tcp_store).default_timeout == 12.5  # a get whose plugin gives no timeout
+    for bad in ("abc", "0", "-1", "inf", "nan"):
+        monkeypatch.setenv("PJRT_PLUGINS_STORE_TIMEOUT", bad)
+        with pytest.raises(DistributedSetupError, match=f"PJRT_PLUGINS_STORE_TIMEOUT={bad!r} must be a finite number"):
+            distributed.store_timeout()
+    with pytest.raises(DistributedSetupError, match="the timeout argument must be"):
+        distributed.store_timeout(0)
 
 
 CHECK_IMPORTS = """
