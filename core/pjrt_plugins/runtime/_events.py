@@ -320,4 +320,7 @@ def _callback_failed(exc_type: type, value: BaseException, tb: Any) -> None:
 @ffi.callback("PJRT_Event_OnReadyCallback", onerror=_callback_failed)
 def _on_ready(error: Any, user_arg: Any) -> None:
     wait, index = ffi.from_handle(user_arg)
-    wait._fired(index, error)
+    try:
+        wait._fired(index, error)
+    finally:
+        wait._handles.pop(index, None)  # fired once: the handle (which refers back to the wait) is done
