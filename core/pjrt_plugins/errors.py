@@ -144,6 +144,10 @@ class PluginInitializeTimeoutError(PluginTimeoutError):
     """``PJRT_Plugin_Initialize`` did not return in time (the plugin may wait for hardware)."""
 
 
+class CompileCacheWarning(UserWarning):
+    """The compile cache directory was refused (others could write it): programs are compiled instead."""
+
+
 class ClientClosedError(PjrtPluginsError, RuntimeError):
     """A runtime Client (or the client of a device, buffer or executable) has been closed."""
 

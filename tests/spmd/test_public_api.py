@@ -12,7 +12,7 @@ import torch
 from _exec_support import engine  # noqa: F401
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor, _lazy
+from pjrt_plugins.spmd import _disk_cache, _executor, _lazy
 
 ENGINE_NAMES = {
     "sync": _lazy,
@@ -21,7 +21,7 @@ ENGINE_NAMES = {
     "metrics_report": _executor,
     "reset_metrics": _executor,
     "Metrics": _executor,
-    "set_cache_dir": _executor,
+    "set_cache_dir": _disk_cache,
     "clear_compile_cache": _executor,
 }
 SPMD_DIR = Path(xs.__file__).parent

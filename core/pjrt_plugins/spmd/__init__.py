@@ -20,7 +20,8 @@ from .mesh import Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
 from .tensor import XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
 
 if TYPE_CHECKING:  # served lazily by __getattr__ below (importing the engine loads jaxlib's MLIR)
-    from ._executor import Metrics, clear_compile_cache, metrics, metrics_report, reset_metrics, set_cache_dir
+    from ._disk_cache import set_cache_dir
+    from ._executor import Metrics, clear_compile_cache, metrics, metrics_report, reset_metrics
     from ._lazy import set_cpu_fallback, sync
 
 __all__ = [
@@ -114,7 +115,7 @@ _ENGINE_EXPORTS = {
     "metrics_report": "._executor",
     "reset_metrics": "._executor",
     "Metrics": "._executor",
-    "set_cache_dir": "._executor",
+    "set_cache_dir": "._disk_cache",
     "clear_compile_cache": "._executor",
 }
 

@@ -8,16 +8,13 @@ records ops (that is ``_lazy``) and never gathers results to the host itself.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
-import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExecutionStuckError, LoweringError
 from ..runtime import CompileOptions
+from . import _disk_cache
 from ._lowering import (
     LoweredModule,
     ScalarSlot,
@@ -39,8 +37,6 @@ from ._sharding import ShardingSpec, parse_sharding, parse_tuple_sharding
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable naming a directory where compiled executables persist across processes.
-CACHE_DIR_ENV = "PJRT_PLUGINS_CACHE_DIR"
 #: Compiled programs kept in memory (least recently used ones are dropped beyond this).
 MEMORY_CACHE_SIZE = 256
 
@@ -272,8 +268,6 @@ class _ProgramCache:
 
 _cache = _ProgramCache()
 _last_program: CompiledProgram | None = None
-_cache_dir: Path | None = None
-_cache_dir_set = False
 
 
 def clear_compile_cache() -> None:
@@ -299,32 +293,6 @@ def compiled_programs() -> int:
 def last_program() -> CompiledProgram | None:
     """The program the last materialization ran (its ``lowered.text`` is the StableHLO), or None."""
     return _last_program
-
-
-def set_cache_dir(path: str | os.PathLike[str] | None) -> None:
-    """Persist compiled executables in ``path`` (``None``: only in memory; default: ``$PJRT_PLUGINS_CACHE_DIR``).
-
-    Entries are keyed by graph structure, plugin and plugin version, and hold the
-    plugin's serialized executable; a plugin that cannot deserialize one just compiles.
-    Another process running the same graph on the same plugin loads the executable
-    instead of compiling it (counted in ``metrics().persistent_cache_hits``).
-
-    Example::
-
-        xs.set_cache_dir("~/.cache/my-model-executables")   # or PJRT_PLUGINS_CACHE_DIR=...
-        step(); xs.sync()          # the first process compiles and stores; later ones load
-        xs.set_cache_dir(None)     # back to memory only
-    """
-    global _cache_dir, _cache_dir_set
-    _cache_dir = Path(path).expanduser() if path is not None else None
-    _cache_dir_set = True
-
-
-def cache_dir() -> Path | None:
-    if _cache_dir_set:
-        return _cache_dir
-    raw = os.environ.get(CACHE_DIR_ENV)
-    return Path(raw).expanduser() if raw else None
 
 
 def lowering_options(vd: Any) -> LoweringOptions:
@@ -442,18 +410,18 @@ def compile_graph(graph: fx.Graph, vd: Any = None, *, options: LoweringOptions |
     vd = vd if vd is not None else _virtual_device()
     options = options or lowering_options(vd)
     key = program_key(graph, options, plugin_identity(vd), signature)
-    return program_for(key, lambda: graph, vd, options, disk_key=key)
+    return program_for(key, lambda: graph, vd, options, name=key)
 
 
 def program_for(key: Hashable, build_graph: Callable[[], fx.Graph], vd: Any, options: LoweringOptions, *,
-                disk_key: str | None = None) -> CompiledProgram:
-    """The program cached in memory under ``key``; on a miss, ``build_graph()`` is loaded from the cache
-    directory or compiled.
+                name: str | None = None) -> CompiledProgram:
+    """The program cached in memory under ``key``; on a miss, ``build_graph()`` is lowered, then
+    loaded from the cache directory (``_disk_cache``, keyed by the lowering) or compiled.
 
     ``key`` is any hashable that determines the graph together with ``options`` and the
     plugin (the tracer's is a tuple, so a hit costs a tuple hash and comparison, and the
-    graph is never built then). ``disk_key`` names the program in the cache directory
-    (default: :func:`program_key` of the built graph).
+    graph is never built then). ``name`` is the program's ``CompiledProgram.key`` (logs and
+    per-program tables; default: :func:`program_key` of the built graph).
     """
     global _last_program
     program = _cache.get(key)
@@ -461,11 +429,7 @@ def program_for(key: Hashable, build_graph: Callable[[], fx.Graph], vd: Any, opt
         count("cache_hits")
     else:
         graph = build_graph()
-        disk_key = disk_key or program_key(graph, options, plugin_identity(vd))
-        program = _load_persisted(disk_key, graph, options, vd)
-        if program is None:
-            program = _compile(disk_key, graph, options, vd)
-            _persist(program)
+        program = _compile(name or program_key(graph, options, plugin_identity(vd)), graph, options, vd)
         _cache.put(key, program)
     _last_program = program
     return program
@@ -477,18 +441,28 @@ def _executable_stale(program: CompiledProgram, vd: Any) -> bool:
 
 
 def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: Any) -> CompiledProgram:
+    """Lower ``graph``; load the executable stored for that lowering, or compile (and store) it."""
     t0 = time.perf_counter()
     graph.eliminate_dead_code()  # keeps placeholders, so the argument list is unchanged
     lowered = lower_graph(graph, options)
     t1 = time.perf_counter()
     count("lowering_seconds", t1 - t0)
-    assignment = list(vd.device_assignment)
-    exe = vd.client.compile(lowered.artifact, compile_options(options.num_partitions, assignment))
+    compile_opts = compile_options(options.num_partitions, list(vd.device_assignment))
+    identity = plugin_identity(vd)
+    stored = _disk_cache.load_executable(vd.client, lowered.artifact, compile_opts, identity)
+    if stored is not None:
+        count("persistent_cache_hits")
+        exe, shardings = stored
+        return _finish_program(key, lowered, exe, vd, True, [parse_sharding(s) for s in shardings])
+    exe = vd.client.compile(lowered.artifact, compile_opts)
     count("compile_seconds", time.perf_counter() - t1)
     count("compiles")
     logger.info("compiled a program of %d ops for %d devices in %.2f s", sum(lowered.ops.values()),
                 options.num_partitions, time.perf_counter() - t0)
-    return _finish_program(key, lowered, exe, vd)
+    program = _finish_program(key, lowered, exe, vd)
+    _disk_cache.store_executable(vd.client, lowered.artifact, compile_opts, identity, exe,
+                                 [s.to_hlo() for s in program.output_shardings])
+    return program
 
 
 def _finish_program(key: str, lowered: LoweredModule, exe: Any, vd: Any, from_disk: bool = False,
@@ -550,70 +524,6 @@ def parameter_shardings(program: CompiledProgram) -> list[ShardingSpec] | None:
 
 _MISSING = object()
 _parameter_shardings: dict[str, Any] = {}
-
-
-# -- persistence ----------------------------------------------------------------------------
-
-
-def _persist(program: CompiledProgram) -> None:
-    directory = cache_dir()
-    if directory is None:
-        return
-    try:
-        blob = program.executable.serialize()
-    except Exception as exc:  # noqa: BLE001 - persistence is best effort
-        logger.info("not persisting the compiled program (%s: %s)", type(exc).__name__, exc)
-        return
-    lowered = program.lowered
-    meta = {
-        "input_shardings": lowered.input_shardings,
-        "output_shardings": [s.to_hlo() for s in program.output_shardings],
-        "output_shapes": [list(s) for s in lowered.output_shapes],
-        "output_dtypes": [str(d).removeprefix("torch.") for d in lowered.output_dtypes],
-        "uses_rng": lowered.uses_rng,
-        "random_ops": lowered.random_ops,
-        "target_version": lowered.target_version,
-        "num_partitions": lowered.num_partitions,
-        "ops": lowered.ops,
-    }
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{program.key}.{os.getpid()}.tmp"
-        tmp.write_bytes(blob)
-        tmp.replace(directory / f"{program.key}.exe")
-        (directory / f"{program.key}.json").write_text(json.dumps(meta))
-    except OSError as exc:
-        logger.warning("could not write the compile cache entry in %s: %s", directory, exc)
-
-
-def _load_persisted(key: str, graph: fx.Graph, options: LoweringOptions, vd: Any) -> CompiledProgram | None:
-    directory = cache_dir()
-    if directory is None:
-        return None
-    exe_path, meta_path = directory / f"{key}.exe", directory / f"{key}.json"
-    if not (exe_path.is_file() and meta_path.is_file()):
-        return None
-    try:
-        meta = json.loads(meta_path.read_text())
-        exe = vd.client.deserialize_executable(exe_path.read_bytes())
-    except Exception as exc:  # noqa: BLE001 - a bad entry means compile again
-        logger.info("ignoring compile cache entry %s (%s: %s)", key[:12], type(exc).__name__, exc)
-        return None
-    lowered = LoweredModule(
-        text="",
-        artifact=b"",
-        target_version=meta["target_version"],
-        num_partitions=meta["num_partitions"],
-        input_shardings=meta["input_shardings"],
-        output_shapes=[tuple(s) for s in meta["output_shapes"]],
-        output_dtypes=[getattr(torch, d) for d in meta["output_dtypes"]],
-        uses_rng=meta["uses_rng"],
-        random_ops=meta.get("random_ops", 0),
-        ops=meta.get("ops", {}),
-    )
-    count("persistent_cache_hits")
-    outs = [parse_sharding(s) for s in meta["output_shardings"]]
-    return _finish_program(key, lowered, exe, vd, from_disk=True, output_shardings=outs)
 
 
 # =====================================================================================
@@ -719,10 +629,8 @@ def run_graph(
 
 
 __all__ = [
-    "CACHE_DIR_ENV",
     "CompiledProgram",
     "Metrics",
-    "cache_dir",
     "clear_compile_cache",
     "compile_graph",
     "compiled_programs",
@@ -737,5 +645,4 @@ __all__ = [
     "program_key",
     "reset_metrics",
     "run_graph",
-    "set_cache_dir",
 ]
