@@ -26,6 +26,7 @@ from . import _executor, _fallback, _transfer
 from ._data import TensorData, TensorState
 from ._device import TORCH_DEVICE, virtual_device
 from ._lowering import (
+    META_RULES,
     ScalarSlot,
     decomposition_for,
     foreach_plan,
@@ -587,7 +588,7 @@ def _output_spec(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     spec = _meta_cache.get(key) if key is not None else None
     if spec is None:
         try:
-            meta_out = func(*pytree.tree_map(_to_meta, args), **_meta_kwargs(kwargs))
+            meta_out = META_RULES.get(func, func)(*pytree.tree_map(_to_meta, args), **_meta_kwargs(kwargs))
         except NotImplementedError as exc:
             # Meta kernels refuse ops whose output shape depends on the data (nonzero, boolean masks).
             raise DataDependentShapeError(info.name, f"{info.name} cannot run on the pjrt device: its output "

@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     _conv,
     _elementwise,
     _factories,
+    _factorizations,
     _indexing,
     _linalg,
     _pooling,
@@ -27,7 +28,7 @@ from ._decompose import decomposition_for, expand_graph, functional_variant, is_
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
 from ._module import RNG_KEY_DTYPE, RNG_KEY_SHAPE, LoweredModule, lower_graph, sharding_string, target_version
-from ._table import LOWERINGS, RANDOM_OPS, op_name, refuse_generator
+from ._table import LOWERINGS, META_RULES, RANDOM_OPS, op_name, refuse_generator
 
 
 def has_lowering(op: Any) -> bool:
@@ -42,6 +43,7 @@ def supported_ops() -> list[str]:
 
 __all__ = [
     "LOWERINGS",
+    "META_RULES",
     "RANDOM_OPS",
     "RNG_KEY_DTYPE",
     "RNG_KEY_SHAPE",

@@ -320,3 +320,10 @@ def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: 
     values = source.flatten().to(x.dtype)
     flat = flat.index_add(0, flat_index, values) if accumulate else flat.index_copy(0, flat_index, values)
     return flat.view(x.shape)
+
+
+@_composite(aten._linalg_check_errors.default)
+def linalg_check_errors(info: torch.Tensor, api_name: str, *, is_matrix: bool) -> None:
+    """torch's error for a failed factorization (not positive definite, singular): it needs ``info``'s value,
+    so the pending graph runs here, as the CPU checks its LAPACK status."""
+    torch.ops.aten._linalg_check_errors.default(info.cpu(), api_name, is_matrix=is_matrix)

@@ -389,6 +389,29 @@ class Emitter:
             hlo.return_([o.value for o in body(self, args[:k], args[k:])])
         return [TensorValue(op.results[i], t.shape, t.dtype) for i, t in enumerate(inputs)]
 
+    def fori_loop(self, count: int, values: Sequence[TensorValue],
+                  body: Callable[[Emitter, TensorValue, list[TensorValue]], list[TensorValue]]) -> list[TensorValue]:
+        """``values = body(em, i, values)`` for i in 0..count-1 (an int64 scalar), as one ``stablehlo.while``."""
+        i0 = self.constant(0, torch.int64)
+        carried = [i0, *values]
+        types = [tensor_type(v.shape, v.dtype) for v in carried]
+        op = hlo.WhileOp(types, [v.value for v in carried])
+        cond = op.regions[0].blocks.append(*types)
+        with ir.InsertionPoint(cond):
+            i = TensorValue(cond.arguments[0], (), torch.int64)
+            hlo.return_([self.compare(i, self.constant(int(count), torch.int64), "LT").value])
+        step = op.regions[1].blocks.append(*types)
+        outer_reads, self._slot_reads = self._slot_reads, {}  # values made inside the loop stay inside it
+        try:
+            with ir.InsertionPoint(step):
+                args = [TensorValue(step.arguments[j], v.shape, v.dtype) for j, v in enumerate(carried)]
+                new = body(self, args[0], args[1:])
+                nxt = self.add(args[0], self.constant(1, torch.int64))
+                hlo.return_([nxt.value] + [self.convert(n, v.dtype).value for n, v in zip(new, values)])
+        finally:
+            self._slot_reads = outer_reads
+        return [TensorValue(op.results[j + 1], v.shape, v.dtype) for j, v in enumerate(values)]
+
     # -- linear algebra -----------------------------------------------------------------
 
     def dot_general(

@@ -278,7 +278,12 @@ def _gather(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: Ten
         picked = em.select(hits, xb, em.constant(0, x.dtype, full))
         r = em.reduce_simple(picked, [x.rank], "sum" if x.dtype != torch.bool else "or")
         return em.reshape(r, tuple(out.shape))
-    starts = _full_index(em, index, d, n)
+    return em.reshape(gather_elements(em, x, d, index), tuple(out.shape))
+
+
+def gather_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue) -> TensorValue:
+    """torch.gather: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``d`` (a sparse gather)."""
+    starts = _full_index(em, index, d, x.shape[d])
     dnums = hlo.GatherDimensionNumbers.get(
         offset_dims=[],
         collapsed_slice_dims=list(range(x.rank)),
@@ -289,20 +294,13 @@ def _gather(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: Ten
     )
     v = hlo.gather(x.value, starts.value, dnums, [1] * x.rank, indices_are_sorted=False,
                    results=[tensor_type(index.shape, x.dtype)])
-    return em.reshape(TensorValue(v, index.shape, x.dtype), tuple(out.shape))
+    return TensorValue(v, index.shape, x.dtype)
 
 
 def take_along(em: Emitter, x: TensorValue, d: int, position: TensorValue) -> TensorValue:
     """``x[..., position[...], ...]`` along ``d``: ``position`` has x's shape without ``d``, one index per slice."""
     index = em.reshape(position, tuple(1 if i == d else s for i, s in enumerate(x.shape)))
-    starts = _full_index(em, index, d, x.shape[d])
-    dnums = hlo.GatherDimensionNumbers.get(
-        offset_dims=[], collapsed_slice_dims=list(range(x.rank)), operand_batching_dims=[],
-        start_indices_batching_dims=[], start_index_map=list(range(x.rank)), index_vector_dim=index.rank,
-    )
-    v = hlo.gather(x.value, starts.value, dnums, [1] * x.rank, indices_are_sorted=False,
-                   results=[tensor_type(index.shape, x.dtype)])
-    return em.reshape(TensorValue(v, index.shape, x.dtype), position.shape)
+    return em.reshape(gather_elements(em, x, d, index), position.shape)
 
 
 def scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue,
@@ -407,4 +405,4 @@ def _index_reduce(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, inde
                         lambda base, values, kind: scatter_along(em, base, d, idx, values, kind), src)
 
 
-__all__ = ["SCATTER_REDUCTIONS", "gather_along", "scatter_along", "scatter_elements", "take_along"]
+__all__ = ["SCATTER_REDUCTIONS", "gather_along", "gather_elements", "scatter_along", "scatter_elements", "take_along"]

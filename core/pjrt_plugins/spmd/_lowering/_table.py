@@ -19,6 +19,8 @@ LoweringFn = Callable[..., Any]
 LOWERINGS: dict[Any, LoweringFn] = {}
 #: Operators that draw random numbers: a module using one gets an RNG key argument.
 RANDOM_OPS: set[Any] = set()
+#: Output shapes of lowered operators torch has no meta kernel for: op -> fn(*meta args, **kwargs).
+META_RULES: dict[Any, LoweringFn] = {}
 
 
 def lowers(*ops: Any, random: bool = False) -> Callable[[LoweringFn], LoweringFn]:
@@ -31,6 +33,17 @@ def lowers(*ops: Any, random: bool = False) -> Callable[[LoweringFn], LoweringFn
             LOWERINGS[op] = fn
             if random:
                 RANDOM_OPS.add(op)
+        return fn
+
+    return register
+
+
+def meta_rule(*ops: Any) -> Callable[[LoweringFn], LoweringFn]:
+    """Register the decorated function as the meta kernel (output shapes and dtypes) of ``ops``."""
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            META_RULES[op] = fn
         return fn
 
     return register
