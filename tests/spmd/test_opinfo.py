@@ -68,7 +68,6 @@ KNOWN_FAILURES = {
 #: Cases whose passes need the CPU fallback today: a lowering is missing (issue 12 item 5).
 NEEDS_FALLBACK = {
     "norm.nuc": "linalg.svd",
-    "linalg.det": "linalg.lu_factor",
 }
 #: Cases that go through the CPU fallback by design: their output shape depends on the data (index_put: its
 #: boolean-mask sample).

@@ -47,6 +47,18 @@ _ERROR_FUNCTIONS = ("PJRT_Error_Destroy", "PJRT_Error_Message", "PJRT_Error_GetC
 _STRUCT_SIZE_HINT = re.compile(r"Unexpected \S+ size: expected \d+, got \d+")
 
 
+#: Args structs that finalizers (``__del__`` of buffers, executables, events) allocate. cffi's type
+#: parser holds a lock and is not re-entrant: a garbage collection during a first ``ffi.typeof`` can run a
+#: finalizer that needs a first ``ffi.typeof`` of its own, which deadlocks. These are made with the first
+#: args struct of the process, before any finalizer can exist.
+_FINALIZER_STRUCTS = (
+    "PJRT_Buffer_Destroy_Args", "PJRT_Buffer_DecreaseExternalReferenceCount_Args", "PJRT_Client_Destroy_Args",
+    "PJRT_Executable_Destroy_Args", "PJRT_LoadedExecutable_Destroy_Args", "PJRT_Event_IsReady_Args",
+    "PJRT_Event_Await_Args", "PJRT_Event_Error_Args", "PJRT_Event_Destroy_Args", "PJRT_Error_Destroy_Args",
+    "PJRT_Error_Message_Args", "PJRT_Error_GetCode_Args",
+)
+
+
 def new_args(struct: str) -> Any:
     """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE).
 
@@ -56,7 +68,12 @@ def new_args(struct: str) -> Any:
     """
     ctype = _ctypes.get(struct)
     if ctype is None:
-        ctype = _ctypes[struct] = ffi.typeof(struct + "*")
+        if not _ctypes:
+            for name in _FINALIZER_STRUCTS:
+                _ctypes[name] = ffi.typeof(name + "*")
+        ctype = _ctypes.get(struct)
+        if ctype is None:
+            ctype = _ctypes[struct] = ffi.typeof(struct + "*")
     args = ffi.new(ctype)
     args.struct_size = STRUCT_SIZE[struct]
     return args
