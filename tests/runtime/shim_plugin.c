@@ -25,7 +25,7 @@
  *   SHIM_CHECK_LIFETIMES   remember every client, buffer and loaded executable destroyed (until the
  *                          plugin hands out the same address again); a call on one aborts the
  *                          process naming the function: a use after free made visible
- *                          BufferFromHostBuffer, ToHostBuffer and Execute first count themselves
+ *                          BufferFromHostBuffer, ToHostBuffer, Execute and Compile first count themselves
  *                          (shim_calls_entered()) and sleep shim_set_sleep_ms(n) ms (0 at start),
  *                          then check their handles: a test closes or deletes on another thread
  *                          meanwhile
@@ -196,6 +196,7 @@ static PJRT_Error* lt_client_destroy(PJRT_Client_Destroy_Args* args) {
   return error;
 }
 static PJRT_Error* lt_compile(PJRT_Client_Compile_Args* args) {
+  enter_slowly();
   check_alive("PJRT_Client_Compile", args->client);
   PJRT_Error* error = real_api->PJRT_Client_Compile(args);
   if (!error) revive(args->executable);

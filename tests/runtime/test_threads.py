@@ -36,6 +36,7 @@ for scenario in scenarios:
         "close-during-upload": (lambda: client.buffer_from_host(np.ones(4, np.float32)).shape, client.close, None),
         "close-during-execute": (lambda: len(exe.execute([[a, b]])[0]), client.close, None),
         "close-during-read": (lambda: float(big.to_numpy()[-1]), client.close, None),
+        "close-during-compile": (lambda: type(client.compile(ADD_F32)).__name__, client.close, None),
         "delete-during-read": (lambda: float(big.to_numpy()[-1]), big.delete, big),
         "delete-argument-during-execute": (lambda: exe.execute([[a, b]])[0][0].to_numpy().tolist(), a.delete, a),
         "delete-executable-during-execute": (lambda: exe.execute([[a, b]])[0][0].to_numpy().tolist(), exe.delete, exe),
@@ -82,6 +83,7 @@ RESULTS = {
     "close-during-upload": "(4,)",
     "close-during-execute": "1",
     "close-during-read": "131071.0",
+    "close-during-compile": "'Executable'",
     "delete-during-read": "131071.0",
     "delete-argument-during-execute": "[1.0, 2.0, 3.0, 4.0]",
     "delete-executable-during-execute": "[1.0, 2.0, 3.0, 4.0]",
@@ -111,10 +113,10 @@ def run_scenarios(python_subprocess, shim, scenarios: list[str]) -> dict[str, st
 
 
 def test_close_waits_for_calls_running_on_other_threads(python_subprocess, lifetime_shim):
-    """close() during an upload, an execute or a large read waits for it, then frees everything;
-    later calls raise ClientClosedError."""
+    """close() during an upload, an execute, a large read or a compile waits for it, then frees
+    everything (the executable that compile returns too); later calls raise ClientClosedError."""
     reports = run_scenarios(python_subprocess, lifetime_shim, ["close-during-upload", "close-during-execute",
-                                                               "close-during-read"])
+                                                               "close-during-read", "close-during-compile"])
     for name, body in reports.items():
         assert "finish waited for the call True" in body, (name, body)
         assert "client closed True live 0" in body, (name, body)
