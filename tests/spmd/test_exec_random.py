@@ -1,4 +1,5 @@
-"""Random ops on the pjrt device: dropout statistics and determinism, and the plugin's RNG algorithm."""
+"""Random ops on the pjrt device: dropout statistics and determinism, the plugin's RNG algorithm, and keys drawn
+per op from the device RNG state when the op is recorded (what fork_rng and checkpointing restore)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor
+from pjrt_plugins.spmd import _device, _executor, _lazy
 
 from _exec_support import RngAlgorithm, engine, overriding  # noqa: F401
 
@@ -74,3 +75,60 @@ def test_rng_algorithm_follows_the_plugins_rng_default(engine):
     assert engine.plugin.rng_default() == "default"
     _dropout_run(77)
     assert "algorithm = DEFAULT" in _executor.last_program().lowered.text
+
+
+def test_restoring_the_rng_state_repeats_the_draws_within_one_program(engine):
+    """Each random op's numbers follow the device RNG state when it was recorded, not the program it runs in."""
+    torch.manual_seed(11)
+    x = torch.zeros(64).to("pjrt")
+    state = torch.pjrt.get_rng_state()
+    first = x + torch.rand_like(x)
+    torch.pjrt.set_rng_state(state)
+    again = x + torch.rand_like(x)
+    third = x + torch.rand_like(x)
+    with torch.random.fork_rng(device_type="pjrt"):
+        forked = x + torch.rand_like(x)
+    after_fork = x + torch.rand_like(x)
+    xs.sync()  # one program for all five draws
+    assert xs.metrics().executions == 1
+    assert torch.equal(first.cpu(), again.cpu())
+    assert not torch.equal(first.cpu(), third.cpu())
+    assert torch.equal(forked.cpu(), after_fork.cpu())
+    assert _device.rng_state() == (11, 3)  # offsets 0 (twice), 1, 2 (undone by fork_rng), 2
+
+
+def test_two_draws_of_one_program_are_not_shifted_copies(engine):
+    """Consecutive offsets are hashed into keys: rng_bit_generator counts from its state, so raw (seed, offset)
+    states one apart give the same numbers shifted by a few elements (2 with THREE_FRY, 4 with PHILOX)."""
+    for algorithm in ("three_fry", "philox"):
+        with overriding(engine.plugin, RngAlgorithm(algorithm)):
+            torch.manual_seed(12)
+            x = torch.zeros(256).to("pjrt")
+            a, b = (x + torch.rand_like(x)).cpu(), (x + torch.rand_like(x)).cpu()
+        for shift in range(1, 9):
+            assert not torch.equal(a[shift:], b[:-shift]), (algorithm, shift)
+        assert (a == b).float().mean() < 0.01
+
+
+def test_a_repeated_step_with_dropout_finds_its_program_and_draws_new_masks(engine, monkeypatch):
+    """The per-op keys are inputs of the program, not constants in it or part of its key: a repeated step
+    finds its traced program without building a graph, and still draws new masks."""
+    built = []
+    real_build = _lazy._build_graph
+    monkeypatch.setattr(_lazy, "_build_graph", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    torch.manual_seed(13)
+    w = torch.ones(32, 32).to("pjrt").requires_grad_()
+    masks = []
+    for step in range(3):
+        y = F.dropout(w * 2, p=0.5, training=True)
+        y.sum().backward()
+        with torch.no_grad():
+            w -= 0.0 * w.grad
+        w.grad = None
+        xs.sync()
+        masks.append(y.cpu() != 0)
+        if step == 0:
+            compiles, hits, graphs = xs.metrics().compiles, xs.metrics().cache_hits, len(built)
+    assert xs.metrics().compiles == compiles, "a repeated step must not compile again"
+    assert xs.metrics().cache_hits - hits == 2 and len(built) == graphs, "a repeated step must hit the trace cache"
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])

@@ -181,8 +181,6 @@ def test_bf16_autocast_training_follows_cpu_autocast(engine):
         assert_close(f"{name} after {STEPS} steps", p.cpu(), r.detach(), rtol=5e-2, atol=2e-2)
 
 
-@pytest.mark.xfail(strict=True, reason="random ops draw their key per executed program, not per op at record time: "
-                   "a recomputation in the same program gets another mask (needs per-op RNG keys)")
 def test_checkpointed_dropout_recomputes_the_same_mask(engine):
     """torch.utils.checkpoint restores the RNG state before recomputing: the dropout mask must be the forward's."""
     torch.manual_seed(4)
@@ -203,3 +201,39 @@ def test_checkpointed_dropout_recomputes_the_same_mask(engine):
     (plain * plain).sum().backward()
     assert torch.equal(plain.cpu() != 0, kept), "the same seed must give the same forward mask"
     assert_close("gradient through a recomputed dropout", grad, x.grad.cpu(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_dropout_under_checkpoint_gets_cpu_eagers_gradients_for_the_forwards_mask(engine, reentrant):
+    """The recomputation draws the forward's dropout mask (same device RNG state, same keys), so every gradient
+    is CPU eager's for that mask: an element dropped in the forward has no gradient, a kept one the whole one."""
+    p = 0.5
+    torch.manual_seed(6)
+    ref1, ref2 = nn.Linear(16, 32), nn.Linear(32, 4)
+    lin1, lin2 = copy.deepcopy(ref1).to("pjrt"), copy.deepcopy(ref2).to("pjrt")
+    x_cpu = torch.randn(8, 16)
+    x = x_cpu.to("pjrt").requires_grad_()
+    masks = []
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(lin1(t), p=p, training=True)
+        masks.append(h.detach() != 0)
+        return F.gelu(h)
+
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        out = lin2(checkpoint(block, x, use_reentrant=reentrant))
+        (out * out).sum().backward()
+    assert len(masks) == 2, "the block runs in the forward and again in the backward"
+    forward_mask, recomputed_mask = (m.cpu() for m in masks)
+    assert torch.equal(forward_mask, recomputed_mask), "the recomputation drew another dropout mask"
+    assert 0 < forward_mask.sum() < forward_mask.numel()
+
+    x_ref = x_cpu.clone().requires_grad_()
+    out_ref = ref2(F.gelu(ref1(x_ref) * forward_mask / (1 - p)))
+    (out_ref * out_ref).sum().backward()
+    assert_close("output", out.detach().cpu(), out_ref.detach(), rtol=1e-5, atol=1e-5)
+    assert_close("input gradient", x.grad.cpu(), x_ref.grad, rtol=1e-4, atol=1e-5)
+    for name, got, want in [("lin1.weight", lin1.weight, ref1.weight), ("lin1.bias", lin1.bias, ref1.bias),
+                            ("lin2.weight", lin2.weight, ref2.weight)]:
+        assert_close(f"{name} gradient", got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-5)
+

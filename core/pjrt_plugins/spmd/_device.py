@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import VirtualDeviceError
@@ -49,6 +50,9 @@ class _PjrtBackendModule:
     save and restore the RNG state through ``get_rng_state`` / ``set_rng_state`` (and
     ``device(i)``), and ``torch.autocast("pjrt")`` asks ``get_amp_supported_dtype``.
     """
+
+    #: ``torch.utils.checkpoint`` saves a device's RNG state only when its module says it is initialized.
+    _initialized = True
 
     @staticmethod
     def is_available() -> bool:
@@ -528,6 +532,44 @@ def next_rng_key() -> tuple[int, int]:
         key = (_rng_seed, _rng_offset)
         _rng_offset = (_rng_offset + 1) & _MASK64
         return key
+
+
+def next_rng_keys(count: int) -> list[tuple[int, int]]:
+    """The keys of the next ``count`` random draws (one per random op), advancing the offset past them."""
+    global _rng_offset
+    with _rng_lock:
+        _sync_seed_locked()
+        assert _rng_seed is not None
+        first = _rng_offset
+        _rng_offset = (_rng_offset + count) & _MASK64
+        return [(_rng_seed, (first + i) & _MASK64) for i in range(count)]
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer, a bijection of uint64 that scatters nearby inputs (wrapping arithmetic)."""
+    z = z + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def rng_key_rows(keys: list[tuple[int, int]]) -> np.ndarray:
+    """The generator states a program's random ops start from: ``uint64[len(keys), 2]``, row ``i`` for key ``i``.
+
+    A row is ``(hash(seed, offset), 0)``: ``rng_bit_generator`` reads element 0 as its key and
+    counts from element 1, so keys ``(seed, offset)`` and ``(seed, offset + 1)`` used as states
+    directly would give the same numbers shifted by a few elements (2 with THREE_FRY, 4 with
+    PHILOX); hashed, every op gets its own stream.
+    """
+    pairs = np.array(keys, dtype=np.uint64).reshape(-1, 2)
+    rows = np.zeros_like(pairs)
+    with np.errstate(over="ignore"):
+        rows[:, 0] = _splitmix64(pairs[:, 0] ^ _splitmix64(pairs[:, 1]))
+    return rows
 
 
 def _encode_rng_state(seed: int, offset: int) -> torch.Tensor:

@@ -17,7 +17,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import numpy as np
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
@@ -224,7 +223,7 @@ class CompiledProgram:
 
     @property
     def num_inputs(self) -> int:
-        """One per placeholder of the graph, then the RNG key if ``uses_rng``."""
+        """One per placeholder of the graph, then the RNG keys if ``uses_rng``."""
         return len(self.lowered.input_shardings)
 
     @property
@@ -537,18 +536,19 @@ def manual_seed(seed: int) -> None:
     set_seed(seed)
 
 
-def next_rng_key() -> np.ndarray:
-    """The next ``uint64[2]`` RNG key ``(seed, offset)`` of the device RNG stream (``_device.next_rng_key``)."""
-    from ._device import next_rng_key as device_key
+def rng_keys_tensor(keys: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """The ``uint64[n, 2]`` RNG key table of a program whose random ops drew ``keys`` ``(seed, offset)``."""
+    from ._device import rng_key_rows
 
-    return np.array(device_key(), dtype=np.uint64)
+    return torch.from_numpy(rng_key_rows(list(keys)))
 
 
 def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], vd: Any = None) -> list[list[Any]]:
     """Run ``program``; ``inputs[i][ordinal]`` is input ``i``'s buffer on each device.
 
     Returns ``outputs[j][ordinal]``: output ``j``'s buffer on each device, laid out by
-    ``program.output_shardings[j]``. The RNG key argument is added here.
+    ``program.output_shardings[j]``. The RNG key argument of a graph that had none is added
+    here: keys of the device RNG stream drawn now, one per random op.
     """
     vd = vd if vd is not None else _virtual_device()
     n_dev = len(vd.devices)
@@ -557,9 +557,11 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]], v
     if len(columns) != expected:
         raise LoweringError(f"internal: the program takes {expected} inputs, got {len(columns)}")
     if program.uses_rng:
+        from ._device import next_rng_keys
         from ._transfer import upload_host_tensor
 
-        columns.append(upload_host_tensor(torch.from_numpy(next_rng_key()), None, vd))
+        keys = rng_keys_tensor(next_rng_keys(program.lowered.rng_keys))
+        columns.append(upload_host_tensor(keys, None, vd))
     for i, col in enumerate(columns):
         if len(col) != n_dev or any(b is None for b in col):
             raise LoweringError(f"internal: input {i} is not on every device")
@@ -641,8 +643,8 @@ __all__ = [
     "manual_seed",
     "metrics",
     "metrics_report",
-    "next_rng_key",
     "program_key",
     "reset_metrics",
+    "rng_keys_tensor",
     "run_graph",
 ]

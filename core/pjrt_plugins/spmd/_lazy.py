@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from ..errors import DataDependentShapeError, UnsupportedOpError, VirtualDeviceError
 from . import _executor, _fallback, _transfer
 from ._data import TensorData, TensorState
-from ._device import TORCH_DEVICE, virtual_device
+from ._device import TORCH_DEVICE, next_rng_key, virtual_device
 from ._lowering import (
     META_RULES,
     ScalarSlot,
@@ -34,6 +34,7 @@ from ._lowering import (
     has_lowering,
     is_foreach,
     is_inplace,
+    is_random,
     op_name,
     refuse_generator,
 )
@@ -126,8 +127,8 @@ _MAX_STEPS = 250_000
 class _Trace:
     """One pending trace: its entries (with output specs), inputs, run-time scalars and the tensors it feeds."""
 
-    __slots__ = ("entries", "outs", "cursor", "inputs", "input_ids", "scalars", "values", "pins", "ops", "error",
-                 "done")
+    __slots__ = ("entries", "outs", "cursor", "inputs", "input_ids", "scalars", "rng", "values", "pins", "ops",
+                 "error", "done")
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
@@ -137,6 +138,8 @@ class _Trace:
         self.input_ids: dict[tuple[int, int], int] = {}  # (data id, version) -> entry index
         #: Values of the run-time scalars (ScalarSlot index -> value), passed as one float64 input.
         self.scalars: list[float] = []
+        #: The RNG key ``(seed, offset)`` of each random op, drawn when it was recorded (a run-time input).
+        self.rng: list[tuple[int, int]] = []
         #: Weak references to every TensorData whose lazy value lives in this trace.
         self.values: list[weakref.ref[TensorData]] = []
         self.pins: dict[int, ShardingSpec] = {}  # entry index -> sharding constraint (mark_sharding)
@@ -213,7 +216,7 @@ class _OpInfo:
     """What the tracer needs to know about one operator, worked out once per process."""
 
     __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "is_view",
-                 "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults")
+                 "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults", "random")
 
     def __init__(self, func: Any, op_id: int) -> None:
         self.func = func
@@ -226,6 +229,7 @@ class _OpInfo:
         self.inplace_view = self.inplace and torch.Tag.inplace_view in func.tags
         self.defaults = _missing_defaults(func, self.functional) if self.functional is not None else ()
         self.foreach = is_foreach(func)
+        self.random = is_random(func)
         packet = getattr(func, "overloadpacket", None)
         base = packet.__name__ if packet is not None else ""
         self.lifts = base.removeprefix(_FOREACH_PREFIX) in _LIFTED_OPS
@@ -635,6 +639,8 @@ def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True) -> Any:
     entries.append(entry)
     outs.append(out)
     trace.ops += 1
+    if info.random:  # its numbers are a function of the device RNG state now (what fork_rng/checkpoint restore)
+        trace.rng.append(next_rng_key())
     if out[0] == "T":
         value = LazyValue(trace, index)
         if info.is_view and args and isinstance(args[0], _XST):
@@ -890,6 +896,7 @@ def _build_graph(trace: _Trace, outputs: list[int], pins: dict[int, ShardingSpec
     nodes: list[fx.Node] = []
     inputs = iter(trace.inputs)
     scalars = trace.scalars
+    rng_rows = 0
     for entry, out in zip(trace.entries, trace.outs):
         kind = entry[0]
         if kind == _INPUT:
@@ -903,6 +910,9 @@ def _build_graph(trace: _Trace, outputs: list[int], pins: dict[int, ShardingSpec
             args = tuple(_value_of(k, nodes, scalars) for k in entry[1])
             kwargs = {name: _value_of(k, nodes, scalars) for name, k in entry[2]}
             node = graph.call_function(info.func, args, kwargs, name=info.node_name)
+            if info.random:
+                node.meta["rng_key"] = rng_rows
+                rng_rows += 1
         meta = _out_meta(out)
         node.meta["val"] = tuple(meta) if isinstance(meta, list) else meta
         nodes.append(node)
@@ -912,6 +922,10 @@ def _build_graph(trace: _Trace, outputs: list[int], pins: dict[int, ShardingSpec
         pool = graph.placeholder("scalars")
         pool.meta.update(val=torch.empty(len(scalars), dtype=torch.float64, device="meta"),
                          sharding=ShardingSpec.replicated(), scalar_pool=True)
+    if rng_rows:
+        keys = graph.placeholder("rng_keys")
+        keys.meta.update(val=torch.empty(rng_rows, 2, dtype=torch.uint64, device="meta"),
+                         sharding=ShardingSpec.replicated(), rng_keys=True)
     graph.output(tuple(nodes[i] for i in outputs))
     return graph
 
@@ -968,6 +982,8 @@ def _execute(trace: _Trace) -> None:
         columns.append(source.buffers)
     if trace.scalars:
         columns.append(_scalar_buffers(trace.scalars, vd))
+    if trace.rng:
+        columns.append(_transfer.upload_host_tensor(_executor.rng_keys_tensor(trace.rng), None, vd))
     options = _executor.lowering_options(vd)
     # The step the trace ended on stands for its whole sequence of entries (see the note on recording).
     key = (trace.cursor, tuple(outputs), tuple(sorted((i, _spec_token(s)) for i, s in pins.items())), options,

@@ -27,8 +27,8 @@ from . import _ternary  # noqa: F401  (lerp, addcmul, addcdiv: the optimizers' p
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
-from ._module import RNG_KEY_DTYPE, RNG_KEY_SHAPE, LoweredModule, lower_graph, sharding_string, target_version
-from ._table import LOWERINGS, META_RULES, RANDOM_OPS, op_name, refuse_generator
+from ._module import RNG_KEY_DTYPE, LoweredModule, lower_graph, sharding_string, target_version
+from ._table import LOWERINGS, META_RULES, RANDOM_OPS, is_random, op_name, refuse_generator
 
 
 def has_lowering(op: Any) -> bool:
@@ -46,7 +46,6 @@ __all__ = [
     "META_RULES",
     "RANDOM_OPS",
     "RNG_KEY_DTYPE",
-    "RNG_KEY_SHAPE",
     "ScalarSlot",
     "LoweredModule",
     "LoweringOptions",
@@ -57,6 +56,7 @@ __all__ = [
     "has_lowering",
     "is_foreach",
     "is_inplace",
+    "is_random",
     "lower_graph",
     "op_name",
     "refuse_generator",

@@ -20,7 +20,7 @@ from ...errors import LoweringError, UnsupportedOpError
 from ._composites import COMPOSITES
 from ._emitter import ScalarSlot
 from ._foreach import foreach_plan, split_foreach
-from ._table import LOWERINGS, op_name
+from ._table import LOWERINGS, is_random, op_name
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -224,7 +224,9 @@ def _call_or_inline(new: fx.Graph, target: Any, args: Any, kwargs: Any, meta: di
         if sn.target is operator.getitem and isinstance(val_map[sn.args[0]], tuple):
             val_map[sn] = val_map[sn.args[0]][sn.args[1]]
             continue
-        val_map[sn] = new.node_copy(sn, lambda n: val_map[n])
+        copied = val_map[sn] = new.node_copy(sn, lambda n: val_map[n])
+        if "rng_key" in meta and copied.op == "call_function" and is_random(copied.target):
+            copied.meta["rng_key"] = meta["rng_key"]  # the random op's key: its pieces draw from it in turn
     out_node = next(n for n in sub_graph.nodes if n.op == "output")
     result = fx.node.map_arg(out_node.args[0], lambda n: val_map[n])
     if isinstance(result, fx.Node) and meta.get("sharding") is not None:

@@ -93,14 +93,15 @@ Operand = TensorValue | Scalar
 class Emitter:
     """Builds StableHLO ops at the current insertion point, keeping torch dtypes alongside."""
 
-    def __init__(self, options: LoweringOptions, rng_state: ir.Value | None = None,
-                 scalars: TensorValue | None = None):
+    def __init__(self, options: LoweringOptions, scalars: TensorValue | None = None):
         self.options = options
-        self._rng_state = rng_state
+        #: The module's ``uint64[n, 2]`` RNG keys, and the row the node being lowered starts from.
+        self.rng_keys: TensorValue | None = None
+        self.rng_row: int | None = None
+        self._rng_states: dict[int, ir.Value] = {}
         #: The module's float64 vector of run-time scalars (read by :class:`ScalarSlot` constants).
         self.scalars = scalars
         self._slot_reads: dict[tuple[int, torch.dtype], TensorValue] = {}
-        self.random_ops = 0
         #: The fx node being lowered (for lowerings that need their inputs' strides).
         self.node: Any = None
         # Matrix products by result value, so a transpose of one becomes the swapped product.
@@ -443,18 +444,21 @@ class Emitter:
     def random_bits(self, shape: Sequence[int], bits: int) -> TensorValue:
         """Uniform random bits from ``rng_bit_generator`` with the plugin's algorithm.
 
-        The generator state is threaded through the module: each random op consumes the
-        state the previous one produced, starting from the module's RNG key argument.
+        Each random op starts from its own row of the module's RNG keys (``rng_row``, drawn
+        from the device RNG state when the op was recorded); several draws of one op thread
+        the generator state from one to the next.
         """
-        if self._rng_state is None:
-            raise LoweringError("internal: a random op was lowered without an RNG key argument")
+        row = self.rng_row
+        if self.rng_keys is None or row is None:
+            raise LoweringError("internal: a random op was lowered without an RNG key")
         dtype = {32: torch.uint32, 64: torch.uint64}[bits]
         shape = tuple(int(s) for s in shape)
+        state = self._rng_states.get(row)
+        if state is None:
+            state = self.reshape(self.slice(self.rng_keys, [row, 0], [row + 1, 2], [1, 1]), (2,)).value
         algorithm = hlo.RngAlgorithmAttr.get(RNG_ALGORITHMS[self.options.rng_algorithm])
-        state_type = self._rng_state.type
-        new_state, out = hlo.rng_bit_generator(state_type, tensor_type(shape, dtype), algorithm, self._rng_state)
-        self._rng_state = new_state
-        self.random_ops += 1
+        new_state, out = hlo.rng_bit_generator(state.type, tensor_type(shape, dtype), algorithm, state)
+        self._rng_states[row] = new_state
         return TensorValue(out, shape, dtype)
 
     def uniform(self, shape: Sequence[int], dtype: torch.dtype) -> TensorValue:

@@ -24,12 +24,11 @@ from .._sharding import ShardingSpec
 from ._decompose import expand_graph
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
-from ._table import LOWERINGS, RANDOM_OPS, op_name, refuse_generator
+from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
 
-#: Shape and dtype of the RNG key argument appended to modules that draw random numbers.
-RNG_KEY_SHAPE = (2,)
+#: Dtype of the RNG keys: ``uint64[n, 2]``, one row (a ``rng_bit_generator`` state) per random op.
 RNG_KEY_DTYPE = torch.uint64
 
 
@@ -38,8 +37,11 @@ class LoweredModule:
     """A lowered graph: what to compile and how to call it.
 
     ``input_shardings[i]`` is the HLO sharding string of argument ``i`` (``None`` when
-    the module is not partitioned); when ``uses_rng`` the last argument is the RNG key
-    (``uint64[2]``, replicated) that is not a placeholder of the graph.
+    the module is not partitioned). Random ops start from one row each of a ``uint64[n, 2]``
+    table of RNG keys: the placeholder marked ``meta["rng_keys"]`` (the tracer's, its rows
+    drawn when the ops were recorded, each node naming its row in ``meta["rng_key"]``), or,
+    when the graph has none, an argument appended after the placeholders (``uses_rng``, with
+    ``rng_keys`` rows, replicated) that the executor fills at each execution.
     """
 
     text: str
@@ -50,7 +52,10 @@ class LoweredModule:
     output_shapes: list[tuple[int, ...]]
     output_dtypes: list[torch.dtype]
     uses_rng: bool
+    #: Random ops lowered (each starts from its own row of RNG keys).
     random_ops: int = 0
+    #: Rows of the appended RNG key argument when ``uses_rng``.
+    rng_keys: int = 0
     #: Position of the float64 run-time scalar argument among the inputs, or None.
     scalars_input: int | None = None
     ops: dict[str, int] = field(default_factory=dict)
@@ -100,7 +105,9 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
 
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        uses_rng = any(n.op == "call_function" and n.target in RANDOM_OPS for n in graph.nodes)
+        key_table = next((i for i, n in enumerate(placeholders) if n.meta.get("rng_keys")), None)
+        rng_rows = _rng_rows(graph, key_table is not None)
+        uses_rng = key_table is None and bool(rng_rows)
         arg_metas = [node_value_meta(n) for n in placeholders]
         for n, m in zip(placeholders, arg_metas):
             if not isinstance(m, torch.Tensor):
@@ -111,7 +118,7 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             s = sharding_string(n.meta.get("sharding"))
             shardings.append((s or "{replicated}") if partitioned else None)
         if uses_rng:
-            arg_types.append(tensor_type(RNG_KEY_SHAPE, RNG_KEY_DTYPE))
+            arg_types.append(tensor_type((len(rng_rows), 2), RNG_KEY_DTYPE))
             shardings.append("{replicated}" if partitioned else None)
 
         output_node = next(n for n in graph.nodes if n.op == "output")
@@ -129,7 +136,11 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
                     [ir.DictAttr.get({"mhlo.sharding": ir.StringAttr.get(s)}) for s in shardings]
                 )
             block = fn.add_entry_block()
-        em = Emitter(options, rng_state=block.arguments[len(placeholders)] if uses_rng else None)
+        keys_arg = len(placeholders) if uses_rng else key_table
+        em = Emitter(options)
+        if keys_arg is not None:
+            keys = block.arguments[keys_arg]
+            em.rng_keys = TensorValue(keys, tuple(ir.RankedTensorType(keys.type).shape), RNG_KEY_DTYPE)
         env: dict[fx.Node, Any] = {}
         counts: dict[str, int] = {}
         scalars_input = None
@@ -141,6 +152,7 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             for node in graph.nodes:
                 if node.op in ("placeholder", "output"):
                     continue
+                em.rng_row = rng_rows.get(node)
                 with ir.Location.name(node.name):
                     env[node] = _lower_node(em, node, env, counts, partitioned)
             results = [env[leaf] for leaf in out_leaves]
@@ -166,10 +178,28 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         output_shapes=[r.shape for r in results],
         output_dtypes=[r.dtype for r in results],
         uses_rng=uses_rng,
-        random_ops=em.random_ops,
+        random_ops=len(rng_rows),
+        rng_keys=len(rng_rows) if uses_rng else 0,
         ops=counts,
         scalars_input=scalars_input,
     )
+
+
+def _rng_rows(graph: fx.Graph, traced: bool) -> dict[fx.Node, int]:
+    """The row of RNG keys each random node starts from: the one the tracer gave it (``traced``), else
+    one per node in graph order."""
+    rows: dict[fx.Node, int] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or not is_random(node.target):
+            continue
+        if not traced:
+            rows[node] = len(rows)
+        elif "rng_key" in node.meta:
+            rows[node] = node.meta["rng_key"]
+        elif node.target in RANDOM_OPS:
+            raise LoweringError(f"internal: random op {op_name(node.target)} ({node.name}) was not given an RNG "
+                                "key when it was recorded")
+    return rows
 
 
 def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dict[str, int], partitioned: bool) -> Any:

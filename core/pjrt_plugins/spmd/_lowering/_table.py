@@ -17,7 +17,7 @@ from ...errors import UnsupportedOpError
 LoweringFn = Callable[..., Any]
 
 LOWERINGS: dict[Any, LoweringFn] = {}
-#: Operators that draw random numbers: a module using one gets an RNG key argument.
+#: Operators lowered as random number draws (each starts from its own row of the module's RNG keys).
 RANDOM_OPS: set[Any] = set()
 #: Output shapes of lowered operators torch has no meta kernel for: op -> fn(*meta args, **kwargs).
 META_RULES: dict[Any, LoweringFn] = {}
@@ -47,6 +47,14 @@ def meta_rule(*ops: Any) -> Callable[[LoweringFn], LoweringFn]:
         return fn
 
     return register
+
+
+def is_random(op: Any) -> bool:
+    """Whether ``op`` draws random numbers: lowered as random, or tagged so by torch (``nondeterministic_seeded``).
+
+    Each call of such an op takes its own key of the device RNG stream when it is recorded.
+    """
+    return op in RANDOM_OPS or (isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags)
 
 
 def op_name(target: Any) -> str:
