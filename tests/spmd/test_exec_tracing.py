@@ -236,3 +236,56 @@ def test_factory_made_constants_are_computed_on_the_devices_not_uploaded(engine)
         assert xs.transfer_counters().uploads == (16 if step == 0 else 0)  # the first step uploads x and 0.75
         assert_close("attention", out.cpu(), ref, rtol=1e-5, atol=1e-5)
     assert mask._pjrt_data.state.name == "DEVICE"  # the mask itself was an output too
+
+
+def test_decomposed_ops_are_recorded_whole_and_give_the_piecewise_results(engine, monkeypatch):
+    """layer_norm, gelu, softmax and their backwards are one entry each (their decompositions run when the
+    graph is lowered, not every step), with the numbers of running the decompositions piece by piece."""
+    x = torch.randn(4, 6, 8)
+
+    def step(t: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+        y = F.softmax(F.gelu(F.layer_norm(t, (8,), w)), dim=-1)
+        (grad,) = torch.autograd.grad((y * y).sum(), [w])
+        return [y, grad]
+
+    def run() -> tuple[list[torch.Tensor], set[str]]:
+        w = torch.linspace(0.5, 1.5, 8).to("pjrt").requires_grad_()
+        _lazy.sync()
+        outs = step(x.to("pjrt"), w)
+        recorded = {_lazy._ops_by_id[e[0]].name for e in _lazy._trace.entries if e[0] > 0}
+        return [o.cpu() for o in outs], recorded
+
+    decomposed = {"aten.native_layer_norm.default", "aten.gelu.default", "aten._softmax.default",
+                  "aten.native_layer_norm_backward.default", "aten.gelu_backward.default",
+                  "aten._softmax_backward_data.default"}
+    whole, whole_ops = run()
+    for info in list(_lazy._op_infos.values()):  # the ops seen so far: piece by piece
+        monkeypatch.setattr(info, "whole", False)
+    pieces, piece_ops = run()
+    monkeypatch.undo()
+    assert decomposed - {"aten._softmax.default"} <= whole_ops  # _softmax is lowered by hand anyway
+    assert not (decomposed - {"aten._softmax.default"}) & piece_ops
+    for name, a, b in zip(("output", "grad"), whole, pieces):  # equal up to XLA folding other constants
+        assert_close(name, a, b, rtol=1e-6, atol=1e-7)
+    w_ref = torch.linspace(0.5, 1.5, 8).requires_grad_()
+    for name, a, r in zip(("output", "grad"), whole, step(x, w_ref)):
+        assert_close(name, a, r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_op_whose_decomposition_does_not_lower_runs_piece_by_piece(engine):
+    """nanquantile's decomposition needs data-dependent pieces: it is not recorded whole, and still runs."""
+    x = torch.tensor([[1.0, float("nan"), 3.0, 2.0], [4.0, 0.5, float("nan"), 8.0]])
+    out = torch.nanquantile(x.to("pjrt"), 0.25, dim=1)
+    assert_close("nanquantile", out.cpu(), torch.nanquantile(x, 0.25, dim=1))
+
+
+def test_batch_norm_updates_its_running_stats_although_its_decomposition_could_be_recorded_whole(engine):
+    """native_batch_norm writes its running stats without saying so in its schema: it runs piece by piece."""
+    x = torch.randn(4, 3, 5)
+    mean, var = torch.zeros(3), torch.ones(3)
+    pm, pv = mean.to("pjrt"), var.to("pjrt")
+    out = F.batch_norm(x.to("pjrt"), pm, pv, training=True, momentum=0.1)
+    ref = F.batch_norm(x, mean, var, training=True, momentum=0.1)
+    assert_close("output", out.cpu(), ref, rtol=1e-5, atol=1e-6)
+    assert_close("running_mean", pm.cpu(), mean, rtol=1e-5, atol=1e-6)
+    assert_close("running_var", pv.cpu(), var, rtol=1e-5, atol=1e-6)

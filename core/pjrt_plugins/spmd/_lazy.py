@@ -35,6 +35,7 @@ from ._lowering import (
     is_foreach,
     is_inplace,
     is_random,
+    lowered_decomposition_outputs,
     op_name,
     refuse_generator,
 )
@@ -216,7 +217,8 @@ class _OpInfo:
     """What the tracer needs to know about one operator, worked out once per process."""
 
     __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "is_view",
-                 "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults", "random")
+                 "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults", "random",
+                 "decomposition", "whole")
 
     def __init__(self, func: Any, op_id: int) -> None:
         self.func = func
@@ -242,6 +244,19 @@ class _OpInfo:
         # only when that op is lowered by hand (a traced decomposition would bake the values).
         self.recordable = has_lowering(func) or (
             plan is not None and (has_lowering(plan.element) or (not self.lifts and decomposition_for(plan.element))))
+        self.decomposition = decomposition_for(func) if self.is_overload else None
+        # An op with a decomposition is recorded whole where that decomposition lowers (checked once per
+        # argument shapes): the decomposition then runs once, when its graph is lowered, not every step.
+        # Not an op that writes an argument (native_batch_norm's running stats) or returns a view of one,
+        # nor one whose floats would be run-time scalars (a decomposition cannot take those).
+        self.whole = (self.decomposition is not None and not self.recordable and not self.foreach
+                      and not self.lifts and not self.is_view and not _aliases_arguments(func))
+
+
+def _aliases_arguments(func: Any) -> bool:
+    """Whether the op writes into one of its arguments or returns a view of one (per its schema)."""
+    schema = getattr(func, "_schema", None)
+    return schema is None or any(a.alias_info is not None for a in (*schema.arguments, *schema.returns))
 
 
 def _missing_defaults(func: Any, functional: Any) -> tuple[tuple[int, Any], ...]:
@@ -520,9 +535,13 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
             return bool(torch.all(torch.eq(args[0], args[1])).item()) if args[0].shape == args[1].shape else False
         if info.foreach:  # no per-tensor twin to record whole: torch's kernel calls the per-tensor ops
             return func.redispatch(_COMPOSITE_EXPLICIT, *args, **kwargs)
-        decomp = decomposition_for(func)
-        if decomp is not None:
-            return decomp(*args, **kwargs)
+        if info.whole:
+            try:
+                return _record(info, args, kwargs, whole=True)
+            except (_NotWhole, DataDependentShapeError):
+                pass  # piece by piece below
+        if info.decomposition is not None:
+            return info.decomposition(*args, **kwargs)
         # Composite ops (aten.to, aten.linear, ...) reach us below autograd: run their torch kernel.
         result = func.decompose(*args, **kwargs) if info.is_overload else NotImplemented
         if result is not NotImplemented:
@@ -616,9 +635,41 @@ def _only_tensors(spec: Any) -> bool:
     return spec[0] in ("L", "U") and all(s[0] == "N" or _only_tensors(s) for s in spec[1])
 
 
-def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True) -> Any:
+class _NotWhole(Exception):
+    """The op's decomposition does not lower on these arguments: run it piece by piece instead."""
+
+
+#: (op, argument specs) -> the output spec of its decomposition, or None where that does not lower.
+_whole_specs: dict[Any, Any] = {}
+
+
+def _whole_spec(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
+    """The output spec of ``info.func`` recorded whole: its decomposition's (which may differ from the meta
+    kernel's, and is what running it piece by piece gives); raises :class:`_NotWhole` where it does not lower."""
+    try:
+        key = (info.func, _arg_spec(args), tuple(sorted((k, _arg_spec(v)) for k, v in kwargs.items())))
+    except _Unkeyable:
+        raise _NotWhole from None
+    spec = _whole_specs.get(key, _NOT_SEEN)
+    if spec is _NOT_SEEN:
+        outputs = lowered_decomposition_outputs(info.func, pytree.tree_map(_to_meta, args), _meta_kwargs(kwargs))
+        spec = _out_spec(outputs) if outputs is not None else None
+        if spec is not None and not _only_tensors(spec):
+            spec = None
+        if len(_whole_specs) < _META_CACHE_SIZE:
+            _whole_specs[key] = spec
+    if spec is None:
+        raise _NotWhole
+    return spec
+
+
+_NOT_SEEN = object()
+
+
+def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True, whole: bool = False) -> Any:
     """Record ``info.func(*args, **kwargs)``: pjrt tensors holding its pending results (``wrap=False``: the
-    LazyValues only, for a caller that assigns them to existing tensors)."""
+    LazyValues only, for a caller that assigns them to existing tensors). ``whole``: an op lowered through its
+    decomposition, recorded only where that lowers (else :class:`_NotWhole`)."""
     global _steps
     trace = _trace if _trace is not None else _current_trace()
     if _XST is None:
@@ -629,7 +680,7 @@ def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True) -> Any:
     cursor = trace.cursor
     step = cursor.next.get(entry)
     if step is None:
-        step = _Step(_output_spec(info, args, kwargs))
+        step = _Step(_whole_spec(info, args, kwargs) if whole else _output_spec(info, args, kwargs))
         cursor.next[entry] = step
         _steps += 1
     trace.cursor = step

@@ -27,7 +27,14 @@ from . import _ternary  # noqa: F401  (lerp, addcmul, addcdiv: the optimizers' p
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
-from ._module import RNG_KEY_DTYPE, LoweredModule, lower_graph, sharding_string, target_version
+from ._module import (
+    RNG_KEY_DTYPE,
+    LoweredModule,
+    lower_graph,
+    lowered_decomposition_outputs,
+    sharding_string,
+    target_version,
+)
 from ._table import LOWERINGS, META_RULES, RANDOM_OPS, is_random, op_name, refuse_generator
 
 
@@ -58,6 +65,7 @@ __all__ = [
     "is_inplace",
     "is_random",
     "lower_graph",
+    "lowered_decomposition_outputs",
     "op_name",
     "refuse_generator",
     "sharding_string",

@@ -36,6 +36,13 @@ def _core_table() -> dict[Any, Any]:
 
 
 @functools.cache
+def _expansion_table() -> dict[Any, Any]:
+    """The core table without the ops lowered by hand: a traced decomposition keeps those as calls, as the
+    tracer's own decomposition at dispatch time does (same graph, same numbers)."""
+    return {op: fn for op, fn in _core_table().items() if op not in LOWERINGS}
+
+
+@functools.cache
 def _full_table() -> dict[Any, Any]:
     from torch._decomp import decomposition_table
 
@@ -83,6 +90,20 @@ def is_inplace(op: Any) -> bool:
     if not args or args[0].alias_info is None or not args[0].alias_info.is_write:
         return False
     return not any(a.kwarg_only and a.name == "out" for a in args)
+
+
+def writes_an_input(graph: fx.Graph) -> bool:
+    """Whether a traced graph writes in place into one of its placeholders (directly or through a view of it)."""
+    for node in graph.nodes:
+        if node.op != "call_function" or not is_inplace(node.target):
+            continue
+        written = node.args[0] if node.args else None
+        while isinstance(written, fx.Node) and written.op == "call_function" and getattr(written.target, "is_view",
+                                                                                          False):
+            written = written.args[0]
+        if isinstance(written, fx.Node) and written.op == "placeholder":
+            return True
+    return False
 
 
 @functools.cache
@@ -135,7 +156,7 @@ def trace_decomposition(op: Any, decomp: Any, args: tuple, kwargs: dict) -> fx.G
         return decomp(*a, **k)
 
     metas = [_meta_of(flat[i]) for i in tensor_pos]
-    return make_fx(run, decomposition_table=_core_table())(*metas)
+    return make_fx(run, decomposition_table=_expansion_table())(*metas)
 
 
 def expand_graph(graph: fx.Graph, *, _depth: int = 0) -> fx.Graph:
@@ -200,7 +221,10 @@ def _call_or_inline(new: fx.Graph, target: Any, args: Any, kwargs: Any, meta: di
         # Tracing the decomposition would bake the scalar's current value into the program.
         raise LoweringError(f"internal: {op_name(target)} takes a run-time scalar but has no lowering of its own")
     meta_args = fx.node.map_arg(args, lambda n: n.meta.get("val"))
-    meta_kwargs = fx.node.map_arg(kwargs, lambda n: n.meta.get("val"))
+    # Factories inside the decomposition build meta tensors, like the rest of the trace (the lowering
+    # places every value on the module's devices anyway).
+    meta_kwargs = {k: torch.device("meta") if isinstance(v, torch.device) else v
+                   for k, v in fx.node.map_arg(kwargs, lambda n: n.meta.get("val")).items()}
     try:
         sub = trace_decomposition(target, decomp, tuple(meta_args), dict(meta_kwargs))
     except UnsupportedOpError:

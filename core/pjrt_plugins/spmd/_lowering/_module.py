@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
 from .._sharding import ShardingSpec
-from ._decompose import expand_graph
+from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
 from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
@@ -200,6 +200,36 @@ def _rng_rows(graph: fx.Graph, traced: bool) -> dict[fx.Node, int]:
             raise LoweringError(f"internal: random op {op_name(node.target)} ({node.name}) was not given an RNG "
                                 "key when it was recorded")
     return rows
+
+
+def lowered_decomposition_outputs(op: Any, args: tuple, kwargs: dict) -> Any | None:
+    """The outputs (meta tensors) of ``op``'s decomposition on these arguments (meta tensors and constants)
+    when that decomposition lowers, else None.
+
+    A tracer may then record ``op`` as one node with these output shapes and leave the
+    decomposition to :func:`lower_graph`; an op whose decomposition needs the data, a CPU
+    fallback or a captured tensor does not lower (found by lowering it once), and one that
+    writes into an argument or draws random numbers is refused (a node of its own has no
+    such effect, and takes no key of the RNG stream when it is recorded).
+    """
+    decomp = decomposition_for(op)
+    if decomp is None:
+        return None
+    try:
+        traced = trace_decomposition(op, decomp, args, kwargs).graph
+        if writes_an_input(traced):  # native_batch_norm's running stats: one node could not say so
+            return None
+        if any(n.op == "call_function" and is_random(n.target) for n in traced.nodes):  # dropout
+            return None
+        graph = expand_graph(traced)
+        output = next(n for n in graph.nodes if n.op == "output")
+        # Results the op was told not to compute (output_mask) are None: lower the others.
+        output.args = (tuple(a for a in pytree.tree_leaves(output.args[0]) if isinstance(a, fx.Node)),)
+        lower_graph(graph, LoweringOptions())
+    except Exception as exc:  # noqa: BLE001 - any failure: the caller decomposes it piece by piece instead
+        logger.debug("%s does not lower whole here: %s: %s", op_name(op), type(exc).__name__, exc)
+        return None
+    return decomp(*args, **kwargs)  # on meta tensors: the outputs' shapes and structure
 
 
 def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dict[str, int], partitioned: bool) -> Any:
