@@ -222,29 +222,30 @@ class TorchSide:
         mark(self.tgt, mesh, ("data", None))
 
     def run(self, steps: int) -> dict:
-        clock = time.perf_counter
-        times, tracing, splits = [], [], []
+        clock, cpu = time.perf_counter, time.process_time
+        times, tracing, tracing_cpu, splits = [], [], [], []
         pjrt = self.kind == "pjrt"
         ops_before = self.xs.metrics().ops_recorded if pjrt else 0
         for _ in range(steps):
             if pjrt:
                 self.xs.metrics()  # nothing pending: keeps the engine's timers out of the next step
-            t0 = clock()
+            c0, t0 = cpu(), clock()
             loss = self.model(self.idx, self.tgt)
             loss.backward()
             self.opt.step()
             self.opt.zero_grad()
-            t1 = clock()
+            t1, c1 = clock(), cpu()
             self.sync()
-            t2 = clock()
+            t2, c2 = clock(), cpu()
             self.wait()
             t3 = clock()
             times.append(t3 - t0)
             tracing.append((t2 if self.kind == "xla" else t1) - t0)
+            tracing_cpu.append((c2 if self.kind == "xla" else c1) - c0)
             if pjrt:
                 splits.append(_last_run_split())
             self.loss = loss
-        out = {"times": times, "tracing": tracing, "loss": float(self.loss.item())}
+        out = {"times": times, "tracing": tracing, "tracing_cpu": tracing_cpu, "loss": float(self.loss.item())}
         if pjrt:
             out["split"] = splits
             out["ops"] = (self.xs.metrics().ops_recorded - ops_before) / steps
@@ -330,15 +331,16 @@ def jax_worker(cfg: Config) -> int:
 
     def run(command: list[str]) -> dict:
         nonlocal state, loss
-        times, dispatch = [], []
+        times, dispatch, dispatch_cpu = [], [], []
         for _ in range(int(command[1])):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             state, loss = train(state, idx, tgt)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             loss.block_until_ready()
             times.append(time.perf_counter() - t0)
             dispatch.append(t1 - t0)
-        return {"times": times, "tracing": dispatch, "loss": float(loss)}
+            dispatch_cpu.append(c1 - c0)
+        return {"times": times, "tracing": dispatch, "tracing_cpu": dispatch_cpu, "loss": float(loss)}
 
     return serve_commands({"ready": len(jax.devices()), "version": jax.__version__}, run)
 
@@ -417,12 +419,13 @@ def compare(cfg: Config, args: argparse.Namespace) -> None:
     ours_step = _median_ms(results["ours"]["times"])
     ops = statistics.median(results["ours"]["ops"])
     table = Table([("side", 24, ""), ("step ms", 9, ".1f"), ("best ms", 9, ".1f"), ("tracing ms", 11, ".1f"),
-                   ("ours / side", 12, ".2f")])
+                   ("tracing CPU ms", 15, ".1f"), ("ours / side", 12, ".2f")])
     print()
     print(table.header())
     for name, r in results.items():
         step = _median_ms(r["times"])
-        print(table.row(name, step, min(r["times"]) * 1e3, _median_ms(r["tracing"]), ours_step / step))
+        print(table.row(name, step, min(r["times"]) * 1e3, _median_ms(r["tracing"]), _median_ms(r["tracing_cpu"]),
+                        ours_step / step))
     split = results["ours"]["split"]
     parts = {k: [s[k] for s in split] for k in split[0]}
     print()
@@ -431,12 +434,20 @@ def compare(cfg: Config, args: argparse.Namespace) -> None:
     print(split_table.header())
     tracing = results["ours"]["tracing"]
     print(split_table.row("tracing", _median_ms(tracing), statistics.median(tracing) / ops * 1e6))
+    tracing_cpu = results["ours"]["tracing_cpu"]
+    print(split_table.row("tracing, CPU time", _median_ms(tracing_cpu), statistics.median(tracing_cpu) / ops * 1e6))
     for k, v in parts.items():
         print(split_table.row(k, _median_ms(v), statistics.median(v) / ops * 1e6))
     overhead = [t - s["execute"] for t, s in zip(results["ours"]["times"], split)]
     print(split_table.row("python (step - execute)", _median_ms(overhead), statistics.median(overhead) / ops * 1e6))
     losses = {name: r["loss"][-1] for name, r in results.items()}
     print("last losses: " + ", ".join(f"{k} {v:.5f}" for k, v in losses.items()))
+    print()
+    goals = [(f"step / {name}", ours_step / _median_ms(results[name]["times"]), goal)
+             for name, goal in (("PyTorch/XLA", 0.8), ("jax", 2.0)) if name in results]
+    goals.append(("tracing CPU us per op", statistics.median(tracing_cpu) / ops * 1e6, 15.0))
+    for name, value, goal in goals:
+        print(f"goal {name} <= {goal:g}: {value:.2f} -> {'met' if value <= goal else 'not met'}")
     print(f"done ({_load()})")
 
 
@@ -457,35 +468,49 @@ def sweep(d_model: int, depths: list[int], args: argparse.Namespace) -> None:
                 worker = Worker(__file__, cfg.args(), flag="--torch-xla-worker", python=args.torch_xla_python,
                                 env=torch_xla_env())
             ours = TorchSide(cfg, "pjrt")
-            acc: dict[str, list[float]] = {"ours": [], "ours_over": [], "xla": [], "xla_trace": []}
+            acc: dict[str, list[float]] = {"ours": [], "ours_over": [], "ours_cpu": [], "xla": [], "xla_trace": [],
+                                           "xla_cpu": []}
             for _ in range(args.rounds):
                 if worker is not None:
                     x = worker.request("run", args.steps)
                     acc["xla"] += x["times"]
                     acc["xla_trace"] += x["tracing"]
+                    acc["xla_cpu"] += x["tracing_cpu"]
                 o = ours.run(args.steps)
                 acc["ours"] += o["times"]
                 acc["ours_over"] += [t - s["execute"] for t, s in zip(o["times"], o["split"])]
+                acc["ours_cpu"] += o["tracing_cpu"]
         finally:
             if worker is not None:
                 worker.close()
         med = {k: (_median_ms(v) if v else float("nan")) for k, v in acc.items()}
         rows.append((layers, med))
-        print(f"  {layers:>2} layers ({_load()}): ours {med['ours']:.1f} ms (python {med['ours_over']:.1f}), "
-              f"PyTorch/XLA {med['xla']:.1f} ms (tracing {med['xla_trace']:.1f})", flush=True)
+        print(f"  {layers:>2} layers ({_load()}): ours {med['ours']:.1f} ms (python {med['ours_over']:.1f}, tracing "
+              f"CPU {med['ours_cpu']:.1f}), PyTorch/XLA {med['xla']:.1f} ms (tracing {med['xla_trace']:.1f}, CPU "
+              f"{med['xla_cpu']:.1f})", flush=True)
         ours.xs.clear_compile_cache()
-    table = Table([("layers", 8, ""), ("ours ms", 9, ".1f"), ("ours python", 12, ".1f"), ("XLA ms", 9, ".1f"),
-                   ("XLA tracing", 12, ".1f"), ("ours/XLA", 9, ".2f")])
+    table = Table([("layers", 8, ""), ("ours ms", 9, ".1f"), ("ours python", 12, ".1f"), ("ours trace CPU", 15, ".1f"),
+                   ("XLA ms", 9, ".1f"), ("XLA tracing", 12, ".1f"), ("XLA trace CPU", 14, ".1f"),
+                   ("ours/XLA", 9, ".2f")])
     print()
     print(table.header())
     for layers, m in rows:
-        print(table.row(str(layers), m["ours"], m["ours_over"], m["xla"], m["xla_trace"], m["ours"] / m["xla"]))
+        print(table.row(str(layers), m["ours"], m["ours_over"], m["ours_cpu"], m["xla"], m["xla_trace"], m["xla_cpu"],
+                        m["ours"] / m["xla"]))
     layers = [r[0] for r in rows]
     if len(rows) > 1:
         slopes = {k: _slope(layers, [r[1][k] for r in rows]) for k in rows[0][1]}
         print(f"slope per layer: step ours {slopes['ours']:.2f} ms, PyTorch/XLA {slopes['xla']:.2f} ms "
               f"(ratio {slopes['ours'] / slopes['xla']:.2f}); overhead ours {slopes['ours_over']:.2f} ms, "
-              f"PyTorch/XLA tracing {slopes['xla_trace']:.2f} ms (ratio {slopes['ours_over'] / slopes['xla_trace']:.2f})")
+              f"PyTorch/XLA tracing {slopes['xla_trace']:.2f} ms (ratio {slopes['ours_over'] / slopes['xla_trace']:.2f}); "
+              f"tracing CPU ours {slopes['ours_cpu']:.2f} ms, PyTorch/XLA {slopes['xla_cpu']:.2f} ms "
+              f"(ratio {slopes['ours_cpu'] / slopes['xla_cpu']:.2f})")
+        # Linear: the per-layer cost of the deeper half is close to that of the shallower half.
+        half = len(rows) // 2
+        if half >= 2 and len(rows) - half >= 2:
+            lo, hi = (_slope(layers[a:b], [r[1]["ours_cpu"] for r in rows[a:b]]) for a, b in ((0, half), (half, None)))
+            print(f"ours tracing CPU per layer: {lo:.2f} ms up to {layers[half - 1]} layers, {hi:.2f} ms from "
+                  f"{layers[half]} (ratio {hi / lo:.2f}; 1.00 is linear)")
     print(f"done ({_load()})")
 
 
