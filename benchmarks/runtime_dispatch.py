@@ -1,7 +1,8 @@
 """Dispatch overhead: run an already compiled 4-element add on one device and copy the result back.
 
 Compares pjrt_plugins.runtime on the CPU PJRT plugin with jax's jitted function on its own CPU
-backend, measured in the same run with the rounds interleaved (goal: within 2x of jax).
+backend, measured in the same run with the rounds interleaved (goal, issue 16: within 1.2x of jax;
+the earlier goal was 2x).
 Optionally also a ctypes client (pypjrt) run by another interpreter: --pypjrt-python PATH.
 
     python benchmarks/runtime_dispatch.py [--rounds 30] [--iterations 400]
@@ -24,6 +25,8 @@ import numpy as np
 from _measure import Table, cpu_plugin_library, interleaved_samples
 
 from pjrt_plugins.conform._programs import ADD_F32 as ADD
+
+GOAL = 1.2  # issue 16 (was 2)
 
 
 def pypjrt_median(python: str, library: str, rounds: int, iterations: int) -> float | None:
@@ -119,7 +122,7 @@ def main() -> None:
         p90 = statistics.quantiles(samples[name], n=10)[-1] * 1e6 if name in samples else float("nan")
         print(table.row(name, median * 1e6, p90, median / base))
     ratio = medians["pjrt_plugins execute+to_numpy"] / base
-    print(f"goal: within 2x of jax -> {'met' if ratio <= 2 else 'NOT met'} ({ratio:.2f}x)")
+    print(f"goal: within {GOAL}x of jax -> {'met' if ratio <= GOAL else 'NOT met'} ({ratio:.2f}x)")
     client.close()
 
 
