@@ -216,7 +216,10 @@ def _preferences() -> dict[str, str]:
         if not sep or not name.strip() or not dist.strip():
             warnings.warn(f"pjrt_plugins: {PREFER_VAR} entry {item!r} is not NAME=DISTRIBUTION", PluginWarning, stacklevel=3)
             continue
-        prefs[name.strip().lower()] = normalize_distribution_name(dist.strip())
+        try:
+            prefs[canonical_name(name)] = normalize_distribution_name(dist.strip())
+        except ValueError as exc:
+            warnings.warn(f"pjrt_plugins: {PREFER_VAR} entry {item!r}: {exc}", PluginWarning, stacklevel=3)
     return prefs
 
 
@@ -343,7 +346,7 @@ def _record_for(candidate: _Candidate) -> PluginRecord:
     Only an environment-named library (no code of its own) is built now; an entry point
     whose value cannot name anything fails now, with a warning.
     """
-    common = dict(distribution=candidate.distribution, dist=candidate.dist)
+    common = dict(distribution=candidate.distribution, dist=candidate.dist, entry_name=_entry_name(candidate))
     if candidate.library is not None:
         try:
             plugin: DevicePlugin = make_library_plugin(candidate.library)
@@ -377,6 +380,11 @@ def _record_for(candidate: _Candidate) -> PluginRecord:
     )
 
 
+def _entry_name(candidate: _Candidate) -> str | None:
+    """The name as its ``torch_xla.plugins`` entry point spells it (PyTorch/XLA sees that one), else ``None``."""
+    return candidate.entry_point.name.strip() if candidate.entry_point is not None else None
+
+
 def _module_being_imported(module: str) -> str | None:
     """``module`` (or a parent package) if it is in the middle of its own import."""
     parts = module.split(".")
@@ -395,6 +403,7 @@ def _shadow_record(candidate: _Candidate) -> PluginRecord:
         distribution=candidate.distribution,
         dist=candidate.dist,
         deferred_reason=candidate.deferred_reason,
+        entry_name=_entry_name(candidate),
     )
 
 

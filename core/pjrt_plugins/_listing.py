@@ -17,7 +17,7 @@ from typing import Any
 
 from ._child_process import EventChild, describe_exit, emit, output_tail, private_stdout
 from ._registry import PluginRecord
-from ._torch_xla import torch_xla_name_problem
+from ._torch_xla import torch_xla_name_note
 
 _MARK = "@@pjrt-plugins-list@@ "
 #: Seconds a plugin may take to import and answer its cheap hooks (``list --timeout``).
@@ -37,7 +37,7 @@ def _row(record: PluginRecord, status: str, reason: str | None, **facts: Any) ->
         "priority": None,
         "status": status,
         "reason": reason,
-        "torch_xla": torch_xla_name_problem(record.name),
+        "torch_xla": torch_xla_name_note(record.entry_name, record.distribution) if record.entry_name else None,
         "aliases": record.aliases if status != "shadowed" else [],
         "also": list(record.also) if status != "shadowed" else [],
         **facts,

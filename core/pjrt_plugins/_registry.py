@@ -1,7 +1,8 @@
 """The plugin registry: one record per canonical name, lookup, and default selection.
 
 Discovery fills it (``_discovery.py``); nothing here reads entry points, opens a
-library or imports torch. Names are canonicalized once, by :func:`canonical_name`.
+library or imports torch. Names are canonicalized once, by :func:`canonical_name`:
+``stub_neuron``, ``STUB-NEURON`` and ``stub.neuron`` are one plugin, ``stub-neuron``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._plugin import DevicePlugin
+from ._torch_xla import normalize_distribution_name
 from .errors import PluginConfigurationError, PluginLoadError, PluginNotFoundError, PluginUnavailableError, PluginWarning
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,12 +37,16 @@ _NAME = re.compile(r"[a-z0-9._-]+")
 
 
 def canonical_name(name: str) -> str:
-    """The one spelling of a plugin name used everywhere: NFKC-normalized, stripped, lower-case.
+    """The one spelling of a plugin name used everywhere: NFKC-normalized, stripped, lower-case, ``-`` separated.
 
     NFKC folds look-alikes such as fullwidth ``ｃｐｕ`` into ``cpu``. What is left
     must be ASCII letters, digits, ``-``, ``_`` or ``.``; anything else (whitespace,
     ``, : = ; / \\``, which the environment-variable formats cannot carry, or an
     invisible character such as a zero-width space) raises ``ValueError`` naming it.
+    Then, as PEP 503 does for distribution names, every run of ``-``, ``_`` and ``.``
+    becomes one ``-``: ``stub_neuron`` and ``STUB-NEURON`` are both ``stub-neuron``.
+    ``-`` is the spelling PyTorch/XLA can select (it cuts ``PJRT_DEVICE`` at the first
+    ``_``), so it is the one ``list`` shows.
     """
     if not isinstance(name, str):
         raise TypeError(f"a plugin name must be a str, got {type(name).__name__}")
@@ -52,7 +58,7 @@ def canonical_name(name: str) -> str:
     canonical = canonical.strip().lower()
     if not _NAME.fullmatch(canonical):
         raise ValueError(f"invalid plugin name {name!r}{_odd_characters(canonical)}: use ASCII letters, digits, '-', '_' or '.'")
-    return canonical
+    return normalize_distribution_name(canonical)
 
 
 def _odd_characters(text: str) -> str:
@@ -78,6 +84,10 @@ class PluginRecord:
     ``shadowed`` lists the records that offered the same name and lost; ``also``
     names further origins of this same plugin (the JAX plugin package whose
     library a backend wraps); ``aliases`` the other names that reach it.
+    ``entry_name`` is the name as its ``torch_xla.plugins`` entry point spells it
+    (what PyTorch/XLA registers, upper-cased, and what its ``PJRT_DEVICE`` must say),
+    ``None`` for a plugin PyTorch/XLA never sees (``register_plugin()``, a library
+    named in the environment, a JAX plugin package).
     ``version`` is read from the distribution's metadata only when first asked.
     """
 
@@ -94,9 +104,11 @@ class PluginRecord:
         loader: Callable[[], DevicePlugin] | None = None,
         deferred_reason: str | None = None,
         ready: Callable[[], bool] | None = None,
+        entry_name: str | None = None,
     ) -> None:
         self.name = name
         self.origin = origin  # e.g. "entry point torch_xla.plugins: cpu = pkg:Cls"
+        self.entry_name = entry_name
         self.distribution = distribution
         self._version = version
         self._dist = dist
@@ -195,7 +207,7 @@ def _coerce(plugin: Any) -> DevicePlugin:
 
 
 def register_plugin(name: str, plugin: Any, *, replace: bool = False) -> DevicePlugin:
-    """Register ``plugin`` under ``name`` (case-insensitive) and return it.
+    """Register ``plugin`` under ``name`` (any case; ``-``, ``_`` and ``.`` alike) and return it.
 
     ``plugin`` is a :class:`DevicePlugin` instance or subclass, or a
     PyTorch/XLA-style object (adapted to the hooks). Registering the same object
@@ -204,11 +216,6 @@ def register_plugin(name: str, plugin: Any, *, replace: bool = False) -> DeviceP
     """
     canonical = canonical_name(name)
     device_plugin = _coerce(plugin)
-    from ._torch_xla import torch_xla_name_problem
-
-    problem = torch_xla_name_problem(canonical)
-    if problem is not None:
-        warnings.warn(f"pjrt_plugins: register_plugin({name!r}): {problem}", PluginWarning, stacklevel=2)
     with _lock:
         previous = _records.get(canonical)
         if previous is not None and previous.plugin is device_plugin:
@@ -331,9 +338,10 @@ def _load_deferred(record: PluginRecord) -> DevicePlugin:
     return plugin
 
 
-def _not_found(canonical: str) -> PluginNotFoundError:
+def _not_found(name: str) -> PluginNotFoundError:
+    """The error for ``name`` as the caller spelt it (stripped), listing what is installed."""
     return PluginNotFoundError(
-        f"no PJRT plugin named {canonical!r}. Installed plugins: {_installed_listing()}. "
+        f"no PJRT plugin named {name.strip()!r}. Installed plugins: {_installed_listing()}. "
         "Install the backend's package, or check the spelling."
     )
 
@@ -348,12 +356,12 @@ def plugin_record(name: str) -> PluginRecord:
     with _lock:
         record = _records.get(canonical)
         if record is None:
-            raise _not_found(canonical)
+            raise _not_found(name)
         return record
 
 
 def get_plugin(name: str) -> DevicePlugin:
-    """The plugin registered as ``name`` (any case).
+    """The plugin registered as ``name`` (any case; ``-``, ``_`` and ``.`` alike: ``STUB_NEURON`` is ``stub-neuron``).
 
     Raises :class:`PluginNotFoundError` listing the installed plugins, or
     :class:`PluginLoadError` (the original error as ``__cause__``) for a plugin
@@ -365,7 +373,7 @@ def get_plugin(name: str) -> DevicePlugin:
     with _lock:
         record = _records.get(canonical)
         if record is None:
-            raise _not_found(canonical)
+            raise _not_found(name)
         if record.plugin is not None:
             return record.plugin
         if record.error is not None:
@@ -394,7 +402,7 @@ def _selection_candidates() -> list[tuple[int, str, DevicePlugin]]:
 def default_plugin() -> DevicePlugin:
     """The plugin to use when none is named.
 
-    ``PJRT_DEVICE`` (any case) names it, as in PyTorch/XLA; it is returned even
+    ``PJRT_DEVICE`` (any spelling :func:`get_plugin` takes) names it, as in PyTorch/XLA; it is returned even
     if it reports itself unavailable, since it was asked for. Otherwise the
     loaded plugin with the highest :meth:`~DevicePlugin.priority` whose
     :meth:`~DevicePlugin.unavailable_reason` is ``None`` wins; equal priorities

@@ -5,6 +5,7 @@ Never imports torch or torch_xla; everything here works on objects handed to it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from importlib.metadata import Distribution
 from typing import Any
@@ -47,20 +48,62 @@ def distribution_name(dist: Distribution | None) -> str | None:
     return normalize_distribution_name(name) if name else None
 
 
-def torch_xla_name_problem(name: str) -> str | None:
-    """Why PyTorch/XLA could not select a plugin registered as ``name``, with the fix, or ``None``.
+#: The entry points PyTorch/XLA 2.9's own distribution publishes in ``torch_xla.plugins``.
+TORCH_XLA_OWN_ENTRY_POINTS = frozenset({"neuron", "tpu", "xpu"})
+
+
+def torch_xla_name_problem(entry_name: str) -> str | None:
+    """Why PyTorch/XLA cannot select a plugin whose ``torch_xla.plugins`` entry point is ``entry_name``, with the fix.
 
     torch_xla 2.9 takes the device type from ``PJRT_DEVICE`` up to the first ``_``
     (``xr.device_type()``) and looks its plugin up under that: ``PJRT_DEVICE=MY_CPU``
-    means device type ``MY``, so ``plugins.default()`` and ``xr.host_index()`` raise
-    ``KeyError``. A ``-`` survives (``MY-CPU`` works).
+    means device type ``MY``, so ``plugins.default()`` raises ``KeyError`` and the
+    runtime "No PjRtPlugin registered for: MY_CPU". A ``-`` survives (``MY-CPU``
+    works). ``None`` when the name is fine. ``conform`` fails such a name.
     """
-    if "_" not in name:
+    if "_" not in entry_name:
         return None
     return (
-        f"PyTorch/XLA reads PJRT_DEVICE={name.upper()} as device type {name.split('_')[0].upper()!r} "
-        f"(it splits on '_'), so its runtime cannot find this plugin; name it {name.replace('_', '-')!r} instead"
+        f"PyTorch/XLA reads PJRT_DEVICE={entry_name.upper()} as device type {entry_name.split('_')[0].upper()!r} "
+        f"(it cuts at the first '_'), so its runtime cannot find this plugin; name the entry point "
+        f"{entry_name.replace('_', '-')!r} instead (pjrt-plugins accepts either spelling)"
     )
+
+
+def torch_xla_installed() -> bool:
+    """Whether PyTorch/XLA is installed here (metadata only; nothing is imported)."""
+    try:
+        importlib.metadata.distribution(TORCH_XLA_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def torch_xla_name_note(entry_name: str, distribution: str | None = None) -> str | None:
+    """What PyTorch/XLA 2.9 does with a plugin published as entry point ``entry_name``, when that is not the obvious.
+
+    The ``_`` problem above, always; and, when torch_xla is installed, ``cpu``, which
+    torch_xla always runs on its built-in CPU client (it never asks a plugin for
+    ``PJRT_DEVICE=CPU``), and a name torch_xla's own distribution also publishes
+    (``tpu``, ``neuron``, ``xpu``): ``import torch_xla`` registers both, and the one it
+    registers last, the later distribution on ``sys.path`` (within one site-packages
+    directory, in no set order), is the one it uses.
+    """
+    problem = torch_xla_name_problem(entry_name)
+    if problem is not None:
+        return problem
+    name = entry_name.lower()
+    if not (name == "cpu" or name in TORCH_XLA_OWN_ENTRY_POINTS) or not torch_xla_installed():
+        return None
+    if name == "cpu":
+        return "PyTorch/XLA runs PJRT_DEVICE=CPU on its own built-in CPU client and never asks a plugin named cpu"
+    if name in TORCH_XLA_OWN_ENTRY_POINTS and distribution != TORCH_XLA_DISTRIBUTION:
+        return (
+            f"PyTorch/XLA publishes its own {name!r} entry point too; with both installed, PJRT_DEVICE={name.upper()} "
+            "there uses the one torch_xla registers last (the later distribution on sys.path; within one "
+            "site-packages directory, in no set order)"
+        )
+    return None
 
 
 def is_torch_xla_distribution(dist: Distribution | None) -> bool:

@@ -153,6 +153,10 @@ def test_hooks_of_the_wrong_type_and_refused_default_options_are_fails(run_cli, 
     assert status == "FAIL" and "num_devices" in reason and "int64" in reason
     assert report["client.create"] == ("SKIP", "needs python.create_options (FAIL)")
     assert report["abi.functions"][0] == "PASS"  # the library itself is fine
+    # Its entry point is spelt fake_badhooks: PyTorch/XLA would take PJRT_DEVICE=FAKE_BADHOOKS as device type FAKE.
+    status, reason = report["python.torch_xla"]
+    assert status == "FAIL" and "entry point 'fake_badhooks'" in reason and "device type 'FAKE'" in reason
+    assert "'fake-badhooks' instead" in reason
 
 
 def test_a_plain_class_entry_point_breaks_the_torch_xla_contract(run_cli, broken_hooks_site):

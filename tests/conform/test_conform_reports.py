@@ -89,7 +89,7 @@ def test_usage_errors_exit_2(run_cli, args):
 def test_an_unknown_plugin_name_lists_the_installed_ones(run_cli):
     run = run_cli("conform", "no_such_device")
     assert run.returncode == 1, run
-    assert "no_such_device" in run.stderr and "stub_neuron" in run.stderr
+    assert "no_such_device" in run.stderr and "stub-neuron" in run.stderr
 
 
 def test_a_run_mostly_skipped_here_is_inconclusive_with_its_first_cause_not_conforms():

@@ -22,14 +22,17 @@ LEFTOVERS = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__",
 
 def test_every_spelling_of_the_name_is_derived():
     names = PluginNames.from_name("Acme-NPU")
-    assert (names.entry_point, names.package, names.distribution) == ("acme_npu", "pjrt_plugin_acme_npu", "pjrt-plugin-acme-npu")
+    # '-' in the torch_xla.plugins entry point (PyTorch/XLA cuts PJRT_DEVICE at '_'), '_' for JAX and identifiers
+    assert (names.entry_point, names.jax_platform) == ("acme-npu", "acme_npu")
+    assert (names.package, names.distribution) == ("pjrt_plugin_acme_npu", "pjrt-plugin-acme-npu")
     assert (names.class_name, names.upper, names.library) == ("AcmeNpuPlugin", "ACME_NPU", "libpjrt_acme_npu.so")
     assert names.rewrite("StubNeuronPlugin reads NEURON_RT_VISIBLE_CORES in pjrt_plugin_stub_neuron") == (
         "AcmeNpuPlugin reads ACME_NPU_RT_VISIBLE_CORES in pjrt_plugin_acme_npu"
     )
 
 
-@pytest.mark.parametrize("bad", ["cpu", "neuron", "stub_neuron", "9lives", "acme npu", "a__b", "x" * 41, "pjrt"])
+@pytest.mark.parametrize("bad", ["cpu", "neuron", "stub_neuron", "stub-neuron", "cuda", "rocm", "9lives", "acme npu", "a__b",
+                                 "x" * 41, "pjrt"])
 def test_names_that_would_clash_or_cannot_be_identifiers_are_refused(bad):
     with pytest.raises(ValueError, match="plugin name"):
         PluginNames.from_name(bad)
@@ -80,14 +83,18 @@ def _install(source: Path, target: Path) -> None:
 def test_a_generated_plugin_builds_installs_and_passes_conform(run_cli, tmp_path):
     made = run_cli("new-plugin", "acme-npu", "-d", str(tmp_path / "src"), "--json")
     assert made.returncode == 0, made
-    assert made.json()["names"]["entry_point"] == "acme_npu"
+    assert made.json()["names"]["entry_point"] == "acme-npu"
+    pyproject = (tmp_path / "src" / "pyproject.toml").read_text()
+    assert '[project.entry-points."torch_xla.plugins"]\nacme-npu = "pjrt_plugin_acme_npu:AcmeNpuPlugin"' in pyproject
+    assert '[project.entry-points.jax_plugins]\nacme_npu = "pjrt_plugin_acme_npu.jax_plugin"' in pyproject
     _install(tmp_path / "src", tmp_path / "site")
     assert (tmp_path / "site" / "pjrt_plugin_acme_npu" / "libpjrt_acme_npu.so").is_file()
     env = {"PYTHONPATH": str(tmp_path / "site")}
     listed = run_cli("list", "--json", env=env)
-    row = next(r for r in listed.json()["plugins"] if r["name"] == "acme_npu")
+    row = next(r for r in listed.json()["plugins"] if r["name"] == "acme-npu")
     assert row["status"] == "available" and row["distribution"] == "pjrt-plugin-acme-npu"
-    run = run_cli("conform", "acme_npu", "--json", env=env)
+    assert row["torch_xla"] is None  # PJRT_DEVICE=ACME-NPU reaches it in PyTorch/XLA
+    run = run_cli("conform", "acme_npu", "--json", env=env)  # either spelling
     assert run.returncode == 0, run
     report = run.report()
     assert report["_raw"]["summary"]["FAIL"] == 0

@@ -158,6 +158,27 @@ def test_same_name_from_two_distributions_in_one_directory_alphabetical_first_wi
     assert "offered by" not in chosen.stderr  # an explicit choice is not warned about
 
 
+def test_two_spellings_of_one_name_are_one_plugin_name_under_the_duplicate_rule(site, run_isolated, plugin_source):
+    # my_npu and my-npu are the same plugin name: they compete like any duplicate, and every
+    # spelling (PJRT_PLUGINS_PREFER's too) reaches the winner, listed as my-npu.
+    site.add("zeta-npu", "1.0", modules={"zeta": plugin_source("Z")}, plugins={"my_npu": "zeta:Z"})
+    site.add("acme-npu", "2.0", modules={"acme": plugin_source("A")}, plugins={"My-Npu": "acme:A"})
+    code = """
+        import json, pjrt_plugins as p
+        record = p.plugin_records()[0]
+        print(json.dumps([[r.name for r in p.plugin_records()], type(p.get_plugin("MY_NPU")).__name__,
+                          p.get_plugin("my.npu") is p.get_plugin("my-npu"), record.entry_name,
+                          [(s.distribution, s.entry_name) for s in record.shadowed]]))
+        """
+    result = run_isolated(code)
+    assert result.returncode == 0, result
+    assert result.json() == [["my-npu"], "A", True, "My-Npu", [["zeta-npu", "my_npu"]]]
+    assert "plugin name 'my-npu' is offered by acme-npu 2.0 and by zeta-npu 1.0" in result.stderr
+    chosen = run_isolated(code, {"PJRT_PLUGINS_PREFER": "MY_NPU=zeta-npu"})
+    assert chosen.returncode == 0, chosen
+    assert chosen.json()[1:3] == ["Z", True] and "offered by" not in chosen.stderr
+
+
 def test_same_name_in_two_path_entries_the_earlier_sys_path_entry_wins(site, run_isolated, plugin_source, make_site):
     first = make_site("first")
     first.add("zzz-late-alphabet", "1.0", modules={"zzz": plugin_source("Z")}, plugins={"npu": "zzz:Z"})

@@ -168,11 +168,3 @@ def test_a_real_plugin_named_like_an_alias_wins(site, run_isolated, plugin_sourc
     )
     assert result.returncode == 0, result
     assert result.json() == ["cuda", {"cuda": [], "gpu": []}]
-
-
-def test_a_name_pytorch_xla_cannot_select_is_warned_about_with_the_fix(clean_registry):
-    import pjrt_plugins
-    from pjrt_plugins import DevicePlugin
-
-    with pytest.warns(pjrt_plugins.PluginWarning, match=r"device type 'MY'.*name it 'my-cpu' instead"):
-        pjrt_plugins.register_plugin("my_cpu", DevicePlugin)

@@ -21,9 +21,32 @@ class Cpuish(DevicePlugin):
         return 11
 
 
-@pytest.mark.parametrize("raw, canonical", [("CPU", "cpu"), (" Tpu ", "tpu"), ("stub_neuron", "stub_neuron"), ("a.b-c", "a.b-c")])
-def test_canonical_name_is_stripped_lower_case(raw, canonical):
+@pytest.mark.parametrize(
+    "raw, canonical",
+    [("CPU", "cpu"), (" Tpu ", "tpu"), ("stub_neuron", "stub-neuron"), ("STUB-NEURON", "stub-neuron"),
+     ("a.b-c", "a-b-c"), ("a_-_b", "a-b"), ("ｓｔｕｂ＿ｎｅｕｒｏｎ", "stub-neuron")],
+)
+def test_canonical_name_is_stripped_lower_case_and_dash_separated(raw, canonical):
+    # As PEP 503 for distributions: '-', '_' and '.' spell one separator, written '-' (the one
+    # PyTorch/XLA's PJRT_DEVICE can carry).
     assert canonical_name(raw) == canonical
+
+
+def test_every_spelling_of_a_name_reaches_one_plugin_and_pjrt_device_too(clean_registry, monkeypatch):
+    plugin = pjrt_plugins.register_plugin("core_test_dev", Cpuish)
+    assert plugin.name == "core-test-dev"
+    assert {r.name for r in pjrt_plugins.plugin_records()} >= {"core-test-dev"}
+    assert "core_test_dev" not in {r.name for r in pjrt_plugins.plugin_records()}
+    for spelling in ("core_test_dev", "CORE-TEST-DEV", "Core.Test_Dev", "core-test-dev"):
+        assert pjrt_plugins.get_plugin(spelling) is plugin, spelling
+        monkeypatch.setenv("PJRT_DEVICE", spelling.upper())
+        assert pjrt_plugins.default_plugin() is plugin, spelling
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a '_' here reaches PyTorch/XLA nowhere: nothing to warn about
+        other = pjrt_plugins.register_plugin("core_test_other", Cpuish)
+    assert other.name == "core-test-other"
+    with pytest.warns(pjrt_plugins.PluginWarning, match="replaces the plugin"):  # the same name, spelt otherwise
+        pjrt_plugins.register_plugin("CORE-TEST-DEV", Cpuish)
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "my dev", "cpu:1", "a,b", "x=y", "a/b"])
@@ -73,9 +96,10 @@ def test_replacing_a_registered_name_warns_unless_asked_explicitly(clean_registr
 
 
 def test_get_plugin_of_an_unknown_name_lists_what_is_installed(clean_registry):
-    pjrt_plugins.register_plugin("core-test-known", Cpuish)
-    with pytest.raises(PluginNotFoundError, match=r"no PJRT plugin named 'core-test-unknown'\. Installed plugins: .*core-test-known"):
-        pjrt_plugins.get_plugin("Core-Test-Unknown")
+    pjrt_plugins.register_plugin("core_test_known", Cpuish)
+    # The error repeats the name as the caller spelt it, and lists the installed ones as they are listed.
+    with pytest.raises(PluginNotFoundError, match=r"no PJRT plugin named 'Core_Test_Unknown'\. Installed plugins: .*core-test-known"):
+        pjrt_plugins.get_plugin(" Core_Test_Unknown ")
     assert isinstance(PluginNotFoundError("x"), LookupError)  # catchable as a lookup failure too
 
 

@@ -1,7 +1,7 @@
 """PyTorch/XLA interop: plain torch_xla-style classes are adapted; our targets answer torch_xla's calls.
 
-torch_xla itself is too heavy for CI (about 4 GB); the check against the real
-PyTorch/XLA 2.9 is manual and recorded in docs/notes/core.md.
+torch_xla itself is too heavy for CI (about 4 GB); the tests against the real PyTorch/XLA
+2.9 run where PJRT_PLUGINS_TORCH_XLA_PYTHON names the python of an environment with it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_a_torch_xla_style_class_is_adapted_to_the_hooks(site, run_isolated):
 CONTRACT = """
 import json, importlib.metadata as md
 from pjrt_plugins import PluginUnavailableError
-from pjrt_plugins._torch_xla import is_torch_xla_distribution, torch_xla_contract_problems
+from pjrt_plugins._torch_xla import is_torch_xla_distribution, torch_xla_contract_problems, torch_xla_name_problem
 
 report = {}
 for ep in md.entry_points(group="torch_xla.plugins"):
@@ -94,7 +94,7 @@ for ep in md.entry_points(group="torch_xla.plugins"):
     problems = torch_xla_contract_problems(obj, call_configure=True)
     unavailable = [p for p in problems if p.startswith("library_path() raised PluginUnavailableError")]
     report[ep.name] = {"problems": [p for p in problems if p not in unavailable], "unavailable": bool(unavailable),
-                       "dist": ep.dist.name}
+                       "dist": ep.dist.name, "name": torch_xla_name_problem(ep.name)}
 print(json.dumps(report))
 """
 
@@ -107,8 +107,10 @@ def test_every_installed_entry_point_target_satisfies_the_torch_xla_method_contr
     result = run_installed(CONTRACT)
     assert result.returncode == 0, result
     report = result.json()
-    assert "alpha" in report
+    assert {"alpha", "cpu", "gpu", "tpu", "stub-neuron"} <= set(report)
     assert {name: entry["problems"] for name, entry in report.items()} == {name: [] for name in report}
+    # and PJRT_DEVICE=<NAME> can select each of them in torch_xla (no '_' in an entry point)
+    assert {name: entry["name"] for name, entry in report.items()} == {name: None for name in report}
     # Only a plugin that is really unavailable here may refuse library_path(), and then with our error type.
     assert not report["alpha"]["unavailable"]
 
@@ -187,14 +189,21 @@ import json, os
 import torch_xla
 from torch_xla.experimental import plugins
 import torch_xla.runtime as xr
-from pjrt_plugins._torch_xla import torch_xla_name_problem
-out = {"registered": sorted(plugins._plugin_registry), "dynamic": os.environ.get("PJRT_DYNAMIC_PLUGINS"),
-       "device_type": xr.device_type(), "name_problem": torch_xla_name_problem(os.environ["PJRT_DEVICE"].lower())}
+from pjrt_plugins._torch_xla import torch_xla_name_note
+if os.environ.get("REGISTER"):  # by hand, as with XLA_REGISTER_INSTALLED_PLUGINS=0
+    if os.environ.get("DYNAMIC"):
+        plugins.use_dynamic_plugins()
+    from mycpu_mod import MyCpu
+    plugins.register_plugin(os.environ["PJRT_DEVICE"], MyCpu())
+out = {"registered": {name: type(p).__name__ for name, p in plugins._plugin_registry.items()},
+       "dynamic": os.environ.get("PJRT_DYNAMIC_PLUGINS"), "device_type": xr.device_type(),
+       "notes": {name: torch_xla_name_note(name, "my-cpu-plugin") for name in os.environ["NAMES"].split()}}
 try:
     default = plugins.default()
-    out["default"] = [type(default).__name__, default.library_path() == os.environ["LIB"], xr.global_runtime_device_count()]
+    out["default"] = [type(default).__name__, default.library_path() == os.environ["LIB"]]
+    out["devices"] = xr.global_runtime_device_count()
 except Exception as exc:
-    out["default"] = f"{type(exc).__name__}: {exc}"
+    out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
 """
 
@@ -210,7 +219,7 @@ def torch_xla_python() -> str:
     return python
 
 
-def test_the_documented_torch_xla_variables_and_name_rule_hold_in_real_torch_xla(
+def test_the_documented_torch_xla_variables_and_name_rules_hold_in_real_torch_xla(
     torch_xla_python, site, deps_dir, plugin_source, cpu_library
 ):
     import json
@@ -220,24 +229,38 @@ def test_the_documented_torch_xla_variables_and_name_rule_hold_in_real_torch_xla
 
     body = "@hookimpl\ndef pjrt_client_create_options(self):\n    return {'cpu_device_count': 2}\n"
     source = plugin_source("MyCpu", library=repr(cpu_library), body=body)
-    site.add("my-cpu-plugin", modules={"mycpu_mod": source}, plugins={"mycpu": "mycpu_mod:MyCpu", "my_cpu": "mycpu_mod:MyCpu"})
+    spellings = ("mycpu", "my-cpu", "my_cpu", "cpu", "tpu")  # tpu and cpu: names torch_xla itself handles
+    site.add("my-cpu-plugin", modules={"mycpu_mod": source}, plugins={name: "mycpu_mod:MyCpu" for name in spellings})
 
     def run(env):
         proc = subprocess.run(
             [torch_xla_python, "-c", REAL_TORCH_XLA], capture_output=True, text=True, timeout=300,
-            env=child_env([site.root, CORE_DIR, deps_dir], {"LIB": cpu_library, **env}),
+            env=child_env([site.root, CORE_DIR, deps_dir], {"LIB": cpu_library, "NAMES": " ".join(spellings), **env}),
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    # XLA_REGISTER_INSTALLED_PLUGINS (default 1) registers the installed entry points and turns on
-    # PJRT_DYNAMIC_PLUGINS; PJRT_DEVICE then selects ours.
-    on = run({"PJRT_DEVICE": "MYCPU"})
-    assert {"MYCPU", "MY_CPU"} <= set(on["registered"]) and on["dynamic"] == "1"
-    assert on["default"] == ["MyCpu", True, 2] and on["name_problem"] is None
+    # XLA_REGISTER_INSTALLED_PLUGINS (default 1) registers the installed entry points, upper-cased, and
+    # turns on PJRT_DYNAMIC_PLUGINS; PJRT_DEVICE then selects ours, '-' and all.
+    on = run({"PJRT_DEVICE": "MY-CPU"})
+    assert {"MYCPU", "MY_CPU", "MY-CPU"} <= set(on["registered"]) and on["dynamic"] == "1"
+    assert on["default"] == ["MyCpu", True] and on["devices"] == 2
+    # What `list` says about each name (its torch_xla column), which the runs here bear out.
+    assert on["notes"]["mycpu"] is None and on["notes"]["my-cpu"] is None
+    # torch_xla's own tpu entry point is registered after ours (ours comes first on sys.path): it wins the name.
+    assert on["registered"]["TPU"] == "TpuPlugin" and "publishes its own 'tpu' entry point" in on["notes"]["tpu"]
     off = run({"PJRT_DEVICE": "MYCPU", "XLA_REGISTER_INSTALLED_PLUGINS": "0"})
     assert "MYCPU" not in off["registered"] and off["dynamic"] is None
+    # Then registering by hand is not enough: the runtime takes a plugin only with PJRT_DYNAMIC_PLUGINS set.
+    by_hand = run({"PJRT_DEVICE": "MYCPU", "XLA_REGISTER_INSTALLED_PLUGINS": "0", "REGISTER": "1"})
+    assert by_hand["registered"] == {"MYCPU": "MyCpu"} and by_hand["error"] == "RuntimeError: Unknown PJRT_DEVICE: 'MYCPU'"
+    dynamic = run({"PJRT_DEVICE": "MYCPU", "XLA_REGISTER_INSTALLED_PLUGINS": "0", "REGISTER": "1", "DYNAMIC": "1"})
+    assert dynamic["dynamic"] == "1" and dynamic["default"] == ["MyCpu", True] and dynamic["devices"] == 2
     # A '_' in the name: torch_xla's device type is the part before it, and its lookup fails.
     split = run({"PJRT_DEVICE": "MY_CPU"})
-    assert split["device_type"] == "MY" and split["default"].startswith("KeyError")
-    assert "device type 'MY'" in split["name_problem"]
+    assert split["device_type"] == "MY" and split["error"] == "KeyError: 'MY'"
+    assert "device type 'MY'" in on["notes"]["my_cpu"] and "'my-cpu' instead" in on["notes"]["my_cpu"]
+    # PJRT_DEVICE=CPU: torch_xla finds our plugin but runs its built-in CPU client (1 device, not our 2).
+    cpu = run({"PJRT_DEVICE": "CPU"})
+    assert cpu["default"] == ["MyCpu", True] and cpu["devices"] == 1
+    assert "built-in CPU client" in on["notes"]["cpu"]

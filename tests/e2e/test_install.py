@@ -22,7 +22,7 @@ from pjrt_plugins.conform._programs import spmd_square_and_sum
 pytestmark = pytest.mark.e2e
 
 PROJECTS = {"pjrt-plugins", "pjrt-plugin-cpu", "pjrt-plugin-gpu", "pjrt-plugin-tpu", "pjrt-plugin-stub-neuron"}
-BACKENDS = {"cpu", "gpu", "tpu", "stub_neuron"}
+BACKENDS = {"cpu", "gpu", "tpu", "stub-neuron"}
 #: Extras installed with a wheel: the gpu backend's CUDA 13 plugin without the CUDA runtime wheels.
 EXTRAS = {"pjrt-plugin-gpu": "cuda13-local"}
 

@@ -83,7 +83,7 @@ def test_list_shows_the_installed_backends(user):
     result = user.command(["pjrt-plugins", "list"])
     assert result.returncode == 0, result.stderr
     names = {line.split()[0] for line in result.stdout.splitlines()[2:] if line.strip() and not line.startswith(" ")}
-    assert {"cpu", "stub_neuron"} <= names, result.stdout
+    assert {"cpu", "stub-neuron"} <= names, result.stdout
 
 
 def test_devices_cpu_creates_a_client(user):

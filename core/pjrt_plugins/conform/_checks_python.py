@@ -150,12 +150,13 @@ def check_create_options(ctx: Context) -> str:
 
 @check(
     "python.torch_xla",
-    "PyTorch/XLA's DevicePlugin method contract holds",
+    "PyTorch/XLA's DevicePlugin method contract holds, and PJRT_DEVICE can select the entry point",
     requires=("python.load",),
     python=True,
 )
 def check_torch_xla(ctx: Context) -> str:
-    from .._torch_xla import TorchXlaStylePlugin, torch_xla_contract_problems
+    from .._registry import plugin_record
+    from .._torch_xla import TorchXlaStylePlugin, torch_xla_contract_problems, torch_xla_name_problem
 
     plugin = ctx.plugin
     if isinstance(plugin, TorchXlaStylePlugin):
@@ -170,9 +171,16 @@ def check_torch_xla(ctx: Context) -> str:
     if unavailable is not None:
         # PyTorch/XLA would meet the same refusal, and only when this device is selected: not a defect.
         problems = [p for p in problems if not p.startswith(f"library_path() raised {PluginUnavailableError.__name__}")]
+    entry_name = plugin_record(ctx.target.plugin or "").entry_name  # the spelling torch_xla registers
+    name_problem = torch_xla_name_problem(entry_name) if entry_name else None
+    if name_problem is not None:
+        problems.insert(0, f"entry point {entry_name!r}: {name_problem}")
     if problems:
         raise Fail("; ".join(problems))
-    return "library_path, client_create_options, requires_xla_coordinator, configure_*, physical_chip_count, host_index"
+    return (
+        "library_path, client_create_options, requires_xla_coordinator, configure_*, physical_chip_count, "
+        "host_index; the entry point's name is one PJRT_DEVICE can select"
+    )
 
 
 @check("python.preflight", "the preflight answers quickly and refuses only with PluginUnavailableError",

@@ -19,8 +19,11 @@ from . import _template_files
 
 HELP = "write a new plugin package (C library + Python hooks) from the stub_neuron template"
 
-#: Names a new plugin may not take: the reference backends', PyTorch/XLA's own, and prefixes of core names.
-RESERVED_NAMES = frozenset({"cpu", "gpu", "tpu", "stub_neuron", "neuron", "xpu", "library", "pjrt", "xla", "torch", "jax"})
+#: Names a new plugin may not take (canonical spelling): the reference backends' and their aliases,
+#: PyTorch/XLA's and JAX's own platforms, and prefixes of core names.
+RESERVED_NAMES = frozenset(
+    {"cpu", "gpu", "tpu", "stub-neuron", "cuda", "rocm", "neuron", "xpu", "library", "pjrt", "xla", "torch", "jax"}
+)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 _TEMPLATE_PACKAGE = "pjrt_plugin_stub_neuron"
 #: The real Neuron library's path, an example in the template's messages; a new plugin gets its own.
@@ -33,7 +36,8 @@ _TEMPLATE_CHIP_COUNT_ENV = "NEURONCORE_NUM_DEVICES"
 class PluginNames:
     """Every spelling of a plugin's name the template needs."""
 
-    entry_point: str  # acme_chip: PJRT_DEVICE=ACME_CHIP, get_plugin("acme_chip")
+    entry_point: str  # acme-chip: the torch_xla.plugins entry point, PJRT_DEVICE=ACME-CHIP (PyTorch/XLA too)
+    jax_platform: str  # acme_chip: the jax_plugins entry point, JAX_PLATFORMS=acme_chip
     package: str  # pjrt_plugin_acme_chip
     distribution: str  # pjrt-plugin-acme-chip
     class_name: str  # AcmeChipPlugin
@@ -50,16 +54,20 @@ class PluginNames:
                 f"plugin name {name!r} must start with a letter and contain only letters, digits and single "
                 "'-' or '_' (at most 40 characters), e.g. 'acme' or 'acme-npu'"
             )
-        if entry in RESERVED_NAMES:
+        # PyTorch/XLA cuts PJRT_DEVICE at the first '_', so its entry point is spelt with '-';
+        # JAX's platform names and the Python/C identifiers keep '_'.
+        hyphenated = entry.replace("_", "-")
+        if hyphenated in RESERVED_NAMES:
             raise ValueError(
-                f"plugin name {entry!r} is taken (by a reference backend, PyTorch/XLA or the core); "
+                f"plugin name {hyphenated!r} is taken (by a reference backend, PyTorch/XLA, JAX or the core); "
                 "choose your device's own name"
             )
         camel = "".join(part.capitalize() for part in entry.split("_"))
         return cls(
-            entry_point=entry,
+            entry_point=hyphenated,
+            jax_platform=entry,
             package=f"pjrt_plugin_{entry}",
-            distribution=f"pjrt-plugin-{entry.replace('_', '-')}",
+            distribution=f"pjrt-plugin-{hyphenated}",
             class_name=f"{camel}Plugin",
             upper=entry.upper(),
             camel=camel,
@@ -69,18 +77,19 @@ class PluginNames:
     def replacements(self) -> list[tuple[str, str]]:
         """Template spelling -> new spelling, most specific first."""
         return [
-            (_TEMPLATE_EXAMPLE_LIBRARY, f"/opt/{self.entry_point}/lib/{self.library}"),
+            (_TEMPLATE_EXAMPLE_LIBRARY, f"/opt/{self.jax_platform}/lib/{self.library}"),
             (_TEMPLATE_PACKAGE, self.package),
             ("pjrt-plugin-stub-neuron", self.distribution),
-            ("libpjrt_stub_neuron", f"libpjrt_{self.entry_point}"),
+            ("libpjrt_stub_neuron", self.library.removesuffix(".so")),
             ("StubNeuronPlugin", self.class_name),
             ("StubNeuron", self.camel),
+            ("STUB-NEURON", self.entry_point.upper()),
             ("STUB_NEURON", self.upper),
-            ("stub_neuron", self.entry_point),
-            ("stub-neuron", self.entry_point.replace("_", "-")),
+            ("stub_neuron", self.jax_platform),
+            ("stub-neuron", self.entry_point),
             ("NEURON", self.upper),
             ("Neuron", self.camel),
-            ("neuron", self.entry_point),
+            ("neuron", self.jax_platform),
         ]
 
     def rewrite(self, text: str) -> str:
@@ -172,7 +181,7 @@ def write_plugin(
             continue  # the new package gets its own README below
         text = path.read_text(encoding="utf-8")
         if relative.name == "pyproject.toml":
-            text = _drop_template_comments(text)
+            text = re.sub(r"\n{3,}", "\n\n", _drop_template_comments(text))
         text = names.rewrite(text)
         if relative.name == "pyproject.toml":
             text = re.sub(
@@ -202,7 +211,11 @@ It starts as a working stub: a small PJRT C API library in C (`csrc/`, built int
 `{names.package}/{names.library}` by `setup.py`) that holds buffers on
 `{names.rewrite(_TEMPLATE_CHIP_COUNT_ENV)}` devices (default 4) but cannot compile, and the Python hooks in
 `{names.package}/_plugin.py` (class `{names.class_name}`, entry point `{names.entry_point}` in the
-group `torch_xla.plugins`).
+group `torch_xla.plugins`; entry point `{names.jax_platform}` in the group `jax_plugins`).
+
+Its name is `{names.entry_point}`: `PJRT_DEVICE={names.entry_point.upper()}` selects it, in PyTorch/XLA too
+(which cuts `PJRT_DEVICE` at the first `_`, so the entry point is spelt with `-`), and pjrt-plugins
+also takes `{names.jax_platform}`. JAX calls it `{names.jax_platform}` (`JAX_PLATFORMS={names.jax_platform}`).
 
 ```console
 $ pip install .                            # compiles the library with gcc
@@ -261,5 +274,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(written)} files to {root}")
     print(f"  distribution {names.distribution}, package {names.package}, class {names.class_name}")
     print(f"  entry point  {names.entry_point} = \"{names.package}:{names.class_name}\" (group torch_xla.plugins)")
+    print(f"  entry point  {names.jax_platform} = \"{names.package}.jax_plugin\" (group jax_plugins)")
     print("next:\n" + "\n".join(f"  {step}" for step in steps))
     return EXIT_OK

@@ -1,7 +1,8 @@
 """pjrt-plugin-stub-neuron: a stub Neuron PJRT plugin, and the template a vendor copies.
 
-Importing this package opens no library. The entry point ``stub_neuron`` in the
-group ``torch_xla.plugins`` names :class:`StubNeuronPlugin`.
+Importing this package opens no library. The entry point ``stub-neuron`` in the
+group ``torch_xla.plugins`` names :class:`StubNeuronPlugin` (``PJRT_DEVICE=STUB-NEURON``),
+and ``stub_neuron`` in the group ``jax_plugins`` its JAX module (``JAX_PLATFORMS=stub_neuron``).
 """
 
 from __future__ import annotations

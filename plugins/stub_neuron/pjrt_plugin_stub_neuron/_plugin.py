@@ -32,7 +32,8 @@ PRIORITY = -100  # a stub: never chosen over a real device unless asked for by n
 class StubNeuronPlugin(pjrt_plugins.DevicePlugin):
     """A Neuron-shaped device plugin backed by the stub PJRT library (or NEURON_LIBRARY_PATH).
 
-    Select it with ``PJRT_DEVICE=STUB_NEURON`` or ``pjrt_plugins.get_plugin("stub_neuron")``.
+    Select it with ``PJRT_DEVICE=STUB-NEURON`` (in PyTorch/XLA too) or ``pjrt_plugins.get_plugin("stub-neuron")``
+    (``stub_neuron`` reaches it too; JAX calls it ``stub_neuron``).
     Its devices hold data but cannot compile: ``compile()`` raises a PjrtError
     with code UNIMPLEMENTED unless NEURON_LIBRARY_PATH points at a real library.
     """
@@ -87,10 +88,10 @@ class StubNeuronPlugin(pjrt_plugins.DevicePlugin):
     def pjrt_preflight(self) -> None:
         problem = _library.library_problem_hint()
         if problem is not None:
-            raise PluginUnavailableError(f"plugin 'stub_neuron': {problem}")
+            raise PluginUnavailableError(f"plugin 'stub-neuron': {problem}")
         if self.uses_stub_library() and self.physical_chip_count() == 0:
             raise PluginUnavailableError(
-                f"plugin 'stub_neuron': {_topology.CHIP_COUNT_ENV}=0 leaves no NeuronCores to create devices on; "
+                f"plugin 'stub-neuron': {_topology.CHIP_COUNT_ENV}=0 leaves no NeuronCores to create devices on; "
                 "unset it or set it to a positive count"
             )
         logger.debug("stub_neuron: using %s", os.fspath(_library.library_path()))

@@ -47,7 +47,8 @@ def test_wheel_contains_the_compiled_library_and_no_header(source_copy, tmp_path
         archive.extract("pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so", tmp_path / "unpacked")
     assert "pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so" in names
     assert not any(name.endswith((".h", ".c")) for name in names)
-    assert "[torch_xla.plugins]\nstub_neuron = pjrt_plugin_stub_neuron:StubNeuronPlugin" in entry_points
+    assert "[torch_xla.plugins]\nstub-neuron = pjrt_plugin_stub_neuron:StubNeuronPlugin" in entry_points  # PJRT_DEVICE=STUB-NEURON
+    assert "[jax_plugins]\nstub_neuron = pjrt_plugin_stub_neuron.jax_plugin" in entry_points  # JAX_PLATFORMS=stub_neuron
 
     built = tmp_path / "unpacked" / "pjrt_plugin_stub_neuron" / "libpjrt_stub_neuron.so"
     assert _dynamic_symbols(built) == ["GetPjrtApi"]  # no debug counter, no internal function

@@ -1,4 +1,5 @@
-"""The stub in the real frameworks: JAX 0.10.2 through its jax_plugins entry point, torch_xla 2.9 through register_plugin.
+"""The stub in the real frameworks: JAX 0.10.2 through its jax_plugins entry point, torch_xla 2.9 through
+register_plugin and through its installed torch_xla.plugins entry point.
 
 Each framework runs in a subprocess: before the stub filled the slots XLA's C++ client
 calls unchecked (PJRT_Client_TopologyDescription first), both died there with SIGSEGV.
@@ -138,13 +139,19 @@ def test_register_with_jax_refuses_a_name_jax_owns_and_skips_one_it_has():
     assert again == "False"
 
 
-def test_torch_xla_registers_the_stub_counts_its_devices_and_round_trips_a_tensor(stub_library):
+@pytest.fixture
+def torch_xla_python() -> str:
     python = os.environ.get(TORCH_XLA_PYTHON_ENV, "").strip()
     if not python:
         pytest.skip(
             f"torch_xla lives in its own virtual environment (torch 2.9); set {TORCH_XLA_PYTHON_ENV} to its "
             "python (shared/tools/torch-xla-2.9-venv.sh builds one) to run this test"
         )
+    return python
+
+
+def test_torch_xla_registers_the_stub_counts_its_devices_and_round_trips_a_tensor(torch_xla_python, stub_library):
+    python = torch_xla_python
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PJRT_DEVICE")}
     request = {"library_path": str(stub_library), "options": {"num_devices": 3}}
     result = subprocess.run([python, "-I", str(PROBE), "torch_xla"], input=json.dumps(request), capture_output=True,
@@ -152,3 +159,45 @@ def test_torch_xla_registers_the_stub_counts_its_devices_and_round_trips_a_tenso
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("@@")]
     assert events[-1] == {"result": {"devices": 3, "round_trip": True}}, events
+
+
+# What `PJRT_DEVICE=STUB-NEURON python train.py` does in a torch_xla environment where the stub is installed.
+TORCH_XLA_BY_ENTRY_POINT = """
+import json, site, sys
+site.addsitedir(sys.argv[1])  # after torch_xla's own site-packages: its torch and numpy win
+import torch, torch_xla, pjrt_plugins
+import torch_xla.runtime as xr
+from torch_xla.experimental import plugins
+out = {"ours": pjrt_plugins.default_plugin().name, "device_type": xr.device_type()}
+try:
+    out["default"] = type(plugins.default()).__name__
+    out["devices"] = xr.global_runtime_device_count()
+    tensor = torch.arange(6.0).to(torch_xla.device())
+    out["round_trip"] = tensor.cpu().tolist()
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def test_pjrt_device_stub_neuron_selects_the_installed_stub_in_torch_xla(torch_xla_python, tmp_path):
+    # The stub as installed here (its real entry points), no register_plugin() call: torch_xla registers
+    # installed plugins by default, upper-cased, and takes its device type from PJRT_DEVICE up to the first '_'.
+    linked = link_installed_distributions(("pjrt-plugins", "pjrt-plugin-stub-neuron"), tmp_path / "site", tmp_path)
+    assert "pjrt-plugin-stub-neuron" in linked, linked
+
+    def run(device: str) -> dict:
+        environment = {k: v for k, v in os.environ.items()
+                       if k != "PYTHONPATH" and not k.startswith(("PJRT_", "NEURON", "XLA_"))}
+        result = subprocess.run([torch_xla_python, "-I", "-c", TORCH_XLA_BY_ENTRY_POINT, str(tmp_path / "site")],
+                                capture_output=True, text=True, env={**environment, "PJRT_DEVICE": device}, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    selected = run("STUB-NEURON")
+    assert selected == {"ours": "stub-neuron", "device_type": "STUB-NEURON", "default": "StubNeuronPlugin",
+                        "devices": 4, "round_trip": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]}
+    # The '_' spelling reaches the stub in pjrt_plugins only: torch_xla reads device type STUB. That is why the
+    # entry point is spelt with '-'.
+    split = run("STUB_NEURON")
+    assert split["ours"] == "stub-neuron" and split["device_type"] == "STUB" and split["error"] == "KeyError: 'STUB'"

@@ -19,16 +19,17 @@ from stub_neuron_testkit import NEURON_ENV_VARS
 def test_entry_point_is_stub_neuron_not_neuron():
     eps = importlib.metadata.entry_points(group="torch_xla.plugins")
     ours = [ep for ep in eps if ep.value == "pjrt_plugin_stub_neuron:StubNeuronPlugin"]
-    assert [ep.name for ep in ours] == ["stub_neuron"]  # never "neuron": that is torch_xla's real plugin
+    # never "neuron": that is torch_xla's real plugin; '-', not '_': torch_xla cuts PJRT_DEVICE at the first '_'
+    assert [ep.name for ep in ours] == ["stub-neuron"]
     assert ours[0].dist is not None and ours[0].dist.name == "pjrt-plugin-stub-neuron"
 
 
 def test_registry_holds_the_stub_under_its_name():
-    plugin = pjrt_plugins.get_plugin("stub_neuron")
+    plugin = pjrt_plugins.get_plugin("stub-neuron")
     assert isinstance(plugin, StubNeuronPlugin)
-    assert plugin.name == "stub_neuron"
+    assert plugin.name == "stub-neuron"
     assert plugin.distribution == "pjrt-plugin-stub-neuron"
-    assert pjrt_plugins.get_plugin("  STUB_NEURON ") is plugin
+    assert pjrt_plugins.get_plugin("  STUB_NEURON ") is plugin  # JAX's spelling (stub_neuron) reaches it too
 
 
 def test_importing_the_plugin_package_first_registers_it_without_warnings(run_python):
@@ -45,12 +46,11 @@ def test_importing_the_plugin_package_first_registers_it_without_warnings(run_py
     assert done.stdout.strip() == "StubNeuronPlugin"
 
 
-def test_pjrt_device_selects_the_stub_despite_its_low_priority(run_python):
-    done = run_python(
-        "import pjrt_plugins; print(pjrt_plugins.default_plugin().name)", env={"PJRT_DEVICE": "STUB_NEURON"}
-    )
+@pytest.mark.parametrize("device", ["STUB-NEURON", "STUB_NEURON"])
+def test_pjrt_device_selects_the_stub_despite_its_low_priority(run_python, device):
+    done = run_python("import pjrt_plugins; print(pjrt_plugins.default_plugin().name)", env={"PJRT_DEVICE": device})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "stub_neuron"
+    assert done.stdout.strip() == "stub-neuron"
 
 
 # -- plain hook values ----------------------------------------------------------------
