@@ -150,7 +150,7 @@ print(json.dumps(out))
     [("CPU_NUM_DEVICES", "abc"), ("CPU_NUM_DEVICES", "-1"), ("CPU_NUM_DEVICES", "0"), ("PJRT_CPU_LIBRARY_PATH", "/dev/zero")],
 )
 def test_a_malformed_cpu_setting_stops_default_selection_naming_the_variable(run_installed, variable, value):
-    # The installed backends: cpu (priority 0, the default here) and stub_neuron (-100) below it.
+    # The installed backends: cpu (priority 0, the default here) and stub-neuron (-100) below it.
     result = run_installed(SELECT, {variable: value})
     assert result.returncode == 0, result
     data = result.json()
