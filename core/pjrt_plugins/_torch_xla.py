@@ -5,6 +5,7 @@ Never imports torch or torch_xla; everything here works on objects handed to it.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 from importlib.metadata import Distribution
@@ -48,18 +49,14 @@ def distribution_name(dist: Distribution | None) -> str | None:
     return normalize_distribution_name(name) if name else None
 
 
-#: The entry points PyTorch/XLA 2.9's own distribution publishes in ``torch_xla.plugins``.
-TORCH_XLA_OWN_ENTRY_POINTS = frozenset({"neuron", "tpu", "xpu"})
-
-
 def torch_xla_name_problem(entry_name: str) -> str | None:
     """Why PyTorch/XLA cannot select a plugin whose ``torch_xla.plugins`` entry point is ``entry_name``, with the fix.
 
     torch_xla 2.9 takes the device type from ``PJRT_DEVICE`` up to the first ``_``
     (``xr.device_type()``) and looks its plugin up under that: ``PJRT_DEVICE=MY_CPU``
-    means device type ``MY``, so ``plugins.default()`` raises ``KeyError`` and the
-    runtime "No PjRtPlugin registered for: MY_CPU". A ``-`` survives (``MY-CPU``
-    works). ``None`` when the name is fine. ``conform`` fails such a name.
+    means device type ``MY``, and ``plugins.default()`` raises ``KeyError: 'MY'``.
+    A ``-`` survives (``MY-CPU`` works). ``None`` when the name is fine. ``conform``
+    fails such a name.
     """
     if "_" not in entry_name:
         return None
@@ -70,20 +67,24 @@ def torch_xla_name_problem(entry_name: str) -> str | None:
     )
 
 
-def torch_xla_installed() -> bool:
-    """Whether PyTorch/XLA is installed here (metadata only; nothing is imported)."""
+@functools.lru_cache(maxsize=1)
+def torch_xla_own_entry_points() -> frozenset[str] | None:
+    """The ``torch_xla.plugins`` names torch_xla's own distribution publishes (2.9: neuron, tpu, xpu).
+
+    ``None`` when torch_xla is not installed. Metadata only; nothing is imported.
+    """
     try:
-        importlib.metadata.distribution(TORCH_XLA_DISTRIBUTION)
+        dist = importlib.metadata.distribution(TORCH_XLA_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+        return None
+    return frozenset(ep.name.lower() for ep in dist.entry_points if ep.group == "torch_xla.plugins")
 
 
 def torch_xla_name_note(entry_name: str, distribution: str | None = None) -> str | None:
-    """What PyTorch/XLA 2.9 does with a plugin published as entry point ``entry_name``, when that is not the obvious.
+    """What PyTorch/XLA does with a plugin published as entry point ``entry_name``, when that is not the obvious.
 
     The ``_`` problem above, always; and, when torch_xla is installed, ``cpu``, which
-    torch_xla always runs on its built-in CPU client (it never asks a plugin for
+    torch_xla 2.9 always runs on its built-in CPU client (it never asks a plugin for
     ``PJRT_DEVICE=CPU``), and a name torch_xla's own distribution also publishes
     (``tpu``, ``neuron``, ``xpu``): ``import torch_xla`` registers both, and the one it
     registers last, the later distribution on ``sys.path`` (within one site-packages
@@ -93,11 +94,12 @@ def torch_xla_name_note(entry_name: str, distribution: str | None = None) -> str
     if problem is not None:
         return problem
     name = entry_name.lower()
-    if not (name == "cpu" or name in TORCH_XLA_OWN_ENTRY_POINTS) or not torch_xla_installed():
+    own = torch_xla_own_entry_points()
+    if own is None:
         return None
     if name == "cpu":
         return "PyTorch/XLA runs PJRT_DEVICE=CPU on its own built-in CPU client and never asks a plugin named cpu"
-    if name in TORCH_XLA_OWN_ENTRY_POINTS and distribution != TORCH_XLA_DISTRIBUTION:
+    if name in own and distribution != TORCH_XLA_DISTRIBUTION:
         return (
             f"PyTorch/XLA publishes its own {name!r} entry point too; with both installed, PJRT_DEVICE={name.upper()} "
             "there uses the one torch_xla registers last (the later distribution on sys.path; within one "
