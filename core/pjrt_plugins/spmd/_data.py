@@ -10,6 +10,7 @@ import enum
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,9 +84,16 @@ class TensorData:
     - ``generation``: the virtual device generation the buffers belong to.
     - ``id``: a process-unique integer (stable across state changes).
     - ``version``: bumped on every state change.
-    - ``view_of``: for a view of another tensor, ``(weakref to the base's TensorData, view op, its
-      arguments)``, kept for the tensor's life (a write into the view after the values were
-      materialized still reaches the base); ``None`` otherwise.
+    - ``view_of``: for a view of another tensor, ``(root, chain)``: a weak reference to the TensorData
+      it views at the end of a chain of views, and the chain, a tuple of ``(view op, its arguments
+      after the tensor)`` from the root to this view. Kept for the tensor's life (a write into the
+      view after the values were materialized still reaches the root); ``None`` otherwise. Weak:
+      torch's own view tracking (``tensor._base``) keeps the root of a user's view alive; a root
+      only the engine made (inside a decomposition) may go, and then a write into the view reaches
+      no other view of it.
+    - ``views``: on a root, weak references to the TensorData viewing it (``None`` when there never
+      were any), so that an engine writing new contents into it can derive its live views again,
+      as torch's views see every later write into their base.
     - ``uninitialized``: True for HOST data made by ``empty`` whose contents nobody wrote yet
       (an engine may skip uploading it before an op that overwrites it); any state change clears it.
     - ``recipe``: for HOST data a factory made (a fill, an integer ``arange``), ``(op, args, kwargs)``
@@ -110,6 +118,7 @@ class TensorData:
         "uninitialized",
         "version",
         "view_of",
+        "views",
     )
 
     def __init__(self, shape: Sequence[int], dtype: torch.dtype) -> None:
@@ -126,7 +135,8 @@ class TensorData:
         self.id = _next_id()
         self.version = 0
         self.uninitialized = False
-        self.view_of: tuple[Any, Any, tuple] | None = None
+        self.view_of: tuple[weakref.ref[TensorData], tuple[tuple[Any, tuple], ...]] | None = None
+        self.views: list[weakref.ref[TensorData]] | None = None
         self.recipe: tuple[Any, tuple, dict] | None = None
 
     # -- constructors --------------------------------------------------------------------
@@ -162,8 +172,11 @@ class TensorData:
         data.state = TensorState.LAZY
         data.host = data.buffers = data.sharding = data.annotation = data.mark = None
         data.lazy = value
-        base = value.base
-        data.view_of = (base, value.view_op, value.view_args) if base is not None else None
+        data.views = None
+        data.view_of = None
+        base = value.base() if value.base is not None else None
+        if base is not None:
+            data.make_view_of(base, value.view_op, value.view_args)
         data.generation = 0
         data.id = _next_id()
         data.version = 1
@@ -217,9 +230,10 @@ class TensorData:
         A value that views another tensor (``value.base``) makes this data a view of it for good.
         """
         self.lazy = value
-        base = getattr(value, "base", None)
-        if base is not None:
-            self.view_of = (base, value.view_op, value.view_args)
+        base_ref = getattr(value, "base", None)
+        base = base_ref() if base_ref is not None else None
+        if base is not None and self.view_of is None:
+            self.make_view_of(base, value.view_op, value.view_args)
         self.host = None
         self.buffers = None
         self.sharding = None
@@ -227,6 +241,28 @@ class TensorData:
         self.uninitialized = False
         self.recipe = None
         self.version += 1
+
+    def make_view_of(self, base: TensorData, view_op: Any, view_args: tuple) -> None:
+        """Become for good the view ``view_op(base, *view_args)`` of ``base``, known to its root."""
+        root_ref, chain = base.view_of if base.view_of is not None else (weakref.ref(base), ())
+        root = root_ref()
+        self.view_of = (root_ref, (*chain, (view_op, tuple(view_args))))
+        if root is None:
+            return
+        views = root.views
+        if views is None:
+            root.views = [weakref.ref(self)]
+            return
+        views.append(weakref.ref(self))
+        n = len(views)
+        if n >= 16 and n & (n - 1) == 0:  # at each power of two, forget the views that died (amortized O(1))
+            views[:] = [r for r in views if r() is not None]
+
+    def live_views(self) -> list[TensorData]:
+        """The TensorData viewing this one that are still alive."""
+        if not self.views:
+            return []
+        return [v for r in self.views if (v := r()) is not None]
 
     # -- facts ---------------------------------------------------------------------------
 

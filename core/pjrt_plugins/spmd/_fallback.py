@@ -138,7 +138,46 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
             return tmod.wrap(TensorData.from_host(v.detach(), copy=v._base is not None or id(v) in copies))
         return v
 
-    return _map(to_pjrt, out)
+    result = _map(to_pjrt, out)
+    if getattr(func, "is_view", False) and isinstance(result, tmod.XLAShardedTensor) and args \
+            and isinstance(args[0], tmod.XLAShardedTensor):
+        # A view (view_as_real, unfold, ...): linked to its base both ways, as a torch view is.
+        result._pjrt_data.make_view_of(args[0]._pjrt_data, func, _positional(func, args, kwargs)[1:])
+    return result
+
+
+def _positional(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """``args`` followed by the values of ``kwargs`` in schema order (a view op's arguments, to call it again)."""
+    if not kwargs:
+        return tuple(args)
+    rest = []
+    for arg in func._schema.arguments[len(args):]:
+        if arg.kwarg_only:
+            raise UnsupportedOpError(op_name(func), f"{op_name(func)}: keyword-only argument {arg.name} of a view "
+                                     "op run by the CPU fallback; call it positionally")
+        rest.append(kwargs[arg.name] if arg.name in kwargs else arg.default_value)
+    return (*args, *rest)
+
+
+def scatter_view(base: Any, view_op: Any, view_args: tuple, new_view: Any) -> Any:
+    """``base`` with its view ``view_op(base, *view_args)`` replaced by ``new_view``, computed on the CPU.
+
+    For views the devices cannot write back into (those the fallback made, ``expand``): torch
+    raises for a view whose elements overlap, as on the CPU. Returns a new pjrt tensor.
+    """
+    tmod = _tensor_module()
+    name = op_name(view_op)
+    if not _enabled:
+        raise UnsupportedOpError(name, f"writing in place into the result of {name} (a view) needs the CPU fallback, "
+                                 "which is off; clone the view first, or turn the fallback on")
+    _warn_once(f"writing into a view made by {name}")
+    _executor.count_fallback(name)
+    host = tmod.to_cpu(base).clone()
+    value = tmod.to_cpu(new_view)
+    with torch._C._DisableTorchDispatch():
+        view_op(host, *[_map(lambda v: tmod.to_cpu(v) if isinstance(v, tmod.XLAShardedTensor) else v, a)
+                        for a in view_args]).copy_(value)
+    return tmod.wrap(TensorData.from_host(host, copy=False))
 
 
 def _check_not_resized(func: Any, target: Any, value: Any) -> None:

@@ -77,8 +77,9 @@ _GETITEM = -1  # entry kind of one result of a multi-output operator: (_GETITEM,
 class LazyValue:
     """What ``TensorData.lazy`` holds: a value of a pending trace (``index``: its entry), and the base if it is a view.
 
-    ``view_op``/``view_args`` say how the value was derived from ``base`` so that an
-    in-place op on the view can be written back into the base. ``keep_sharding`` is the
+    ``view_op``/``view_args`` say how a new view was derived from ``base``; the TensorData
+    made for it keeps that link (``TensorData.view_of``) so that an in-place op on the view
+    can be written back into the base, and a write into the base reaches the view. ``keep_sharding`` is the
     layout a tensor updated in place had before: its new value is pinned to it, so state
     that lives across steps (parameters, optimizer buffers) keeps one layout and a
     repeated step compiles once.
@@ -697,6 +698,7 @@ def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True, whole: 
         if info.is_view and args and isinstance(args[0], _XST):
             value.base, value.view_op, value.view_args = weakref.ref(args[0]._pjrt_data), info.func, tuple(args[1:])
         return _wrap_value(trace, value, out) if wrap else value
+    pieces = _piece_views(info, args, kwargs, out[1]) if info.is_view and args and isinstance(args[0], _XST) else None
     results = []
     for i, item in enumerate(out[1]):
         if item[0] == "N":
@@ -705,8 +707,29 @@ def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True, whole: 
         value = LazyValue(trace, len(entries))
         entries.append((_GETITEM, index, i))
         outs.append(item)
+        if pieces is not None:
+            value.base, (value.view_op, value.view_args) = weakref.ref(args[0]._pjrt_data), pieces[i]
         results.append(_wrap_value(trace, value, item) if wrap else value)
     return results if out[0] == "L" else tuple(results)
+
+
+def _piece_views(info: _OpInfo, args: tuple, kwargs: dict, items: Sequence[Any]) -> list[tuple[Any, tuple]]:
+    """For an op returning several views of its input (``split``, ``chunk``, ``unbind``, ...): each piece as the
+    one view op that makes it (``select`` or ``slice`` along the op's dimension)."""
+    schema = info.func._schema
+    position = next((i for i, a in enumerate(schema.arguments) if a.name == "dim"), None)
+    if position is None:
+        raise UnsupportedOpError(info.name, f"internal: {info.name} returns views but has no dim argument")
+    dim = args[position] if position < len(args) else kwargs.get("dim", schema.arguments[position].default_value)
+    dim = dim % max(len(args[0].shape), 1)
+    if info.func.overloadpacket.__name__ == "unbind":
+        return [(aten.select.int, (dim, i)) for i in range(len(items))]
+    pieces, start = [], 0
+    for item in items:
+        size = item[1][dim]
+        pieces.append((aten.slice.Tensor, (dim, start, start + size, 1)))
+        start += size
+    return pieces
 
 
 def _wrap_value(trace: _Trace, value: LazyValue, out: Any) -> Any:
@@ -798,8 +821,12 @@ def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue) -> None:
     _assign(data, value)
 
 
-def _assign(data: TensorData, value: LazyValue) -> None:
-    """Make ``data`` hold ``value``; if ``data`` is a view, write the new contents back into its base."""
+def _assign(data: TensorData, value: LazyValue, written_view: TensorData | None = None) -> None:
+    """Make ``data`` hold ``value``; if ``data`` is a view, write the new contents back into its root.
+
+    Then the live views of the root (but the one this write came through) are derived again
+    from it, since a torch view sees every later write into its base.
+    """
     old = data.lazy if data.state is _LAZY else None
     trace = value.trace
     new_value = LazyValue(trace, value.index)
@@ -807,42 +834,79 @@ def _assign(data: TensorData, value: LazyValue) -> None:
         new_value.keep_sharding = old.keep_sharding
     elif data.state is _DEVICE:
         new_value.keep_sharding = data.sharding
-    if data.view_of is not None:  # a view (also one whose value was materialized since): write into its base
-        new_value.base, new_value.view_op, new_value.view_args = data.view_of
-        base = data.view_of[0]()
-        if base is not None:
-            _write_back(base, new_value.view_op, new_value.view_args, value)
     data.set_lazy(new_value)
     trace.values.append(weakref.ref(data))
+    if data.view_of is not None:  # a view (also one whose value was materialized since): write into its root
+        root_ref, chain = data.view_of
+        root = root_ref()
+        if root is not None:
+            _write_back(root, chain, value, data)
+    elif data.views:
+        refresh_views(data, written_view)
 
 
-def _write_back(base: TensorData, view_op: Any, view_args: tuple, new_view: LazyValue) -> None:
-    """``base`` becomes itself with the viewed region replaced by ``new_view``."""
+def refresh_views(root: TensorData, skip: TensorData | None = None) -> None:
+    """``root`` has new contents: each live view of it (but ``skip``) becomes its chain of view ops of ``root``."""
     tmod = _tensor_module()
-    base_t = tmod.wrap(base)
-    trace = new_view.trace
-    view_t = _wrap_value(trace, LazyValue(trace, new_view.index), trace.outs[new_view.index])
-    name = view_op.overloadpacket.__name__ if view_op is not None else ""
-    if name in ("view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "alias", "flatten", "view_as"):
-        updated = dispatch(aten.view.default, (), (view_t, list(base.shape)), {})
-    elif name == "slice":
-        updated = dispatch(aten.slice_scatter.default, (), (base_t, view_t, *view_args), {})
-    elif name == "select":
-        updated = dispatch(aten.select_scatter.default, (), (base_t, view_t, *view_args), {})
-    elif name == "permute":
-        dims = [d % len(base.shape) for d in view_args[0]]
-        inverse = [dims.index(i) for i in range(len(dims))]
-        updated = dispatch(aten.permute.default, (), (view_t, inverse), {})
-    elif name in ("transpose", "t"):
-        updated = dispatch(view_op, (), (view_t, *view_args), {})
-    elif name == "diagonal":
-        updated = dispatch(aten.diagonal_scatter.default, (), (base_t, view_t, *view_args), {})
-    elif name == "as_strided":
-        updated = dispatch(aten.as_strided_scatter.default, (), (base_t, view_t, *view_args), {})
+    root_t = None
+    for view in root.live_views():
+        if view is skip or view.view_of is None or view.view_of[0]() is not root:
+            continue
+        t = root_t = root_t if root_t is not None else tmod.wrap(root)
+        for op, args in view.view_of[1]:
+            t = dispatch(op, (), (t, *args), {})
+        _take(view, t._pjrt_data)
+
+
+def _take(data: TensorData, source: TensorData) -> None:
+    """``data`` (a view) holds what the fresh ``source`` holds, keeping its link to its root."""
+    if source.state is _LAZY:
+        value = LazyValue(source.lazy.trace, source.lazy.index)
+        data.set_lazy(value)
+        value.trace.values.append(weakref.ref(data))
+    elif source.state is _DEVICE:
+        data.set_device(source.buffers, source.sharding, source.generation)
     else:
-        raise UnsupportedOpError(op_name(view_op), f"writing in place into the result of {op_name(view_op)} (a view) "
-                                 "is not supported on the pjrt device; clone it first")
-    _assign(base, updated._pjrt_data.lazy)
+        data.set_host(source.host, copy=False)  # source is ours alone (the fallback's fresh result)
+
+
+def _write_back(root: TensorData, chain: tuple[tuple[Any, tuple], ...], new_view: LazyValue,
+                view: TensorData) -> None:
+    """``root`` becomes itself with the region ``view`` (``chain`` of view ops from it) replaced by ``new_view``."""
+    tmod = _tensor_module()
+    bases = [tmod.wrap(root)]
+    for op, args in chain[:-1]:
+        bases.append(dispatch(op, (), (bases[-1], *args), {}))
+    trace = new_view.trace
+    updated = _wrap_value(trace, LazyValue(trace, new_view.index), trace.outs[new_view.index])
+    for base_t, (op, args) in zip(reversed(bases), reversed(chain)):
+        updated = _scatter_view(base_t, op, args, updated)
+    if updated._pjrt_data.state is not _LAZY:  # written on the CPU by the fallback: a graph value of it
+        updated = _record(_op_info(aten.clone.default), (updated,), {})
+    _assign(root, updated._pjrt_data.lazy, view)
+
+
+def _scatter_view(base_t: Any, view_op: Any, view_args: tuple, view_t: Any) -> Any:
+    """``base_t`` with its view ``view_op(base_t, *view_args)`` replaced by ``view_t`` (a new tensor)."""
+    name = view_op.overloadpacket.__name__
+    if name in ("view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "alias", "flatten", "view_as"):
+        return dispatch(aten.view.default, (), (view_t, list(base_t.shape)), {})
+    if name == "slice":
+        return dispatch(aten.slice_scatter.default, (), (base_t, view_t, *view_args), {})
+    if name == "select":
+        return dispatch(aten.select_scatter.default, (), (base_t, view_t, *view_args), {})
+    if name == "permute":
+        dims = [d % len(base_t.shape) for d in view_args[0]]
+        inverse = [dims.index(i) for i in range(len(dims))]
+        return dispatch(aten.permute.default, (), (view_t, inverse), {})
+    if name in ("transpose", "t"):
+        return dispatch(view_op, (), (view_t, *view_args), {})
+    if name == "diagonal":
+        return dispatch(aten.diagonal_scatter.default, (), (base_t, view_t, *view_args), {})
+    if name == "as_strided":
+        return dispatch(aten.as_strided_scatter.default, (), (base_t, view_t, *view_args), {})
+    # A view the CPU fallback made (view_as_real, unfold, ...), or expand: written on the CPU.
+    return _fallback.scatter_view(base_t, view_op, view_args, view_t)
 
 
 def on_mark_sharding(data: TensorData) -> None:

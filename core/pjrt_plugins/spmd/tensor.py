@@ -354,7 +354,16 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     host = host_empty(data.shape, data.dtype)
     host.copy_(src)
     data.set_host(host, copy=False)
+    _contents_changed(data)
     return dst
+
+
+def _contents_changed(data: TensorData) -> None:
+    """``data`` was written on the host: its live views see the write (the engine derives them again)."""
+    if data.views:
+        engine = _device._lazy_module()
+        if engine is not None:
+            engine.refresh_views(data)
 
 
 # -- data-model operators ---------------------------------------------------------------------
@@ -420,8 +429,8 @@ def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
 @_handles(aten.zero_.default, aten.fill_.Scalar, aten.fill_.Tensor)
 def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
     data = unwrap(args[0])
-    if data.state is not TensorState.HOST:
-        return NotImplemented
+    if data.state is not TensorState.HOST or data.view_of is not None:
+        return NotImplemented  # a view: the engine writes through to its base
     rest = list(args[1:])
     if rest and isinstance(rest[0], XLAShardedTensor):
         value = rest[0]._pjrt_data
@@ -434,6 +443,7 @@ def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
     value = 0 if func is aten.zero_.default else rest[0] if func is aten.fill_.Scalar else None
     if isinstance(value, (bool, int, float)):  # torch.ones/zeros/full: an engine can make these contents itself
         data.recipe = (aten.full.default, (list(data.shape), value), {"dtype": data.dtype})
+    _contents_changed(data)
     return args[0]
 
 
