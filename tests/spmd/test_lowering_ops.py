@@ -319,3 +319,21 @@ def test_mlp_training_step_graph_matches_torch(engine):
     # The partitioner keeps each updated parameter laid out like the parameter.
     assert program.output_shardings[1] == shardings[2]
     assert program.output_shardings[3] == shardings[4]
+
+
+def test_gathers_and_scatters_of_0d_tensors_and_the_backward_of_max_along_a_dim(engine):
+    """torch takes a 0-d tensor as one element along dim 0 (the lowering indexed its missing dim 0)."""
+    x, i, s = torch.tensor(3.0), torch.tensor(0), torch.tensor(5.0)
+    cases = {
+        "scatter": lambda x, i, s: torch.scatter(x, 0, i, s),
+        "scatter_add": lambda x, i, s: torch.scatter_add(x, 0, i, s),
+        "scatter_reduce": lambda x, i, s: torch.scatter_reduce(x, 0, i, s, "amax"),
+        "gather": lambda x, i, s: torch.gather(x, 0, i),
+    }
+    for name, fn in cases.items():
+        got = fn(x.to("pjrt"), i.to("pjrt"), s.to("pjrt")).cpu()
+        assert torch.equal(got, fn(x, i, s)), name
+    for reduction in (lambda t: t.max(0)[0], lambda t: t.median(0)[0], lambda t: t.cummax(0)[0]):
+        t = torch.tensor(2.0).to("pjrt").requires_grad_()
+        (grad,) = torch.autograd.grad(reduction(t).sum() * 3, [t])
+        assert grad.cpu().item() == 3.0

@@ -281,8 +281,14 @@ def _gather(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, index: Ten
     return em.reshape(gather_elements(em, x, d, index), tuple(out.shape))
 
 
+def _as_1d(em: Emitter, t: TensorValue) -> TensorValue:
+    return em.reshape(t, (1,)) if t.rank == 0 else t
+
+
 def gather_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue) -> TensorValue:
     """torch.gather: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``d`` (a sparse gather)."""
+    if x.rank == 0:  # torch takes a 0-d tensor as one element along dim 0
+        return em.reshape(gather_elements(em, _as_1d(em, x), 0, _as_1d(em, index)), index.shape)
     starts = _full_index(em, index, d, x.shape[d])
     dnums = hlo.GatherDimensionNumbers.get(
         offset_dims=[],
@@ -306,6 +312,9 @@ def take_along(em: Emitter, x: TensorValue, d: int, position: TensorValue) -> Te
 def scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue,
                      reduce: str | None) -> TensorValue:
     """torch.scatter: ``x[..., index[i, j], ...] = src[i, j]`` along ``d``, or combined with ``reduce``."""
+    if x.rank == 0:  # torch takes a 0-d tensor as one element along dim 0 (max/median/cummax's backward)
+        r = scatter_elements(em, _as_1d(em, x), 0, _as_1d(em, index), _as_1d(em, src), reduce)
+        return em.reshape(r, ())
     starts = _full_index(em, index, d, x.shape[d])
     # src may be larger than index: only its leading index.shape block is used.
     if src.shape != index.shape:
