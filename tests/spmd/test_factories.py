@@ -119,3 +119,13 @@ def test_empty_read_before_written_uploads_nothing(cpu8):
     y = e * 0 + 1  # empty's contents are undefined; nothing of them moves
     assert torch.equal(y.cpu(), torch.ones(1000))
     assert xs.transfer_counters().total_uploaded == 0
+
+
+def test_autograds_zero_tensors_are_zeros_on_the_device(cpu8):
+    """Backward formulas make ZeroTensors (sgn's, for a real input): torch.ops.aten._efficientzerotensor had no
+    pjrt kernel, so the backward raised NotImplementedError."""
+    zeros = torch._efficientzerotensor((2, 3), device="pjrt")
+    assert zeros.device == xs.device() and torch.equal((zeros + 1).cpu(), torch.ones(2, 3))
+    x = torch.randn(5).to("pjrt").requires_grad_()
+    (grad,) = torch.autograd.grad(torch.sgn(x).sum(), [x])
+    assert grad.device == xs.device() and torch.equal(grad.cpu(), torch.zeros(5))

@@ -190,6 +190,7 @@ def register_backend() -> None:
         _library.impl("empty_strided", _empty_strided, "PrivateUse1")
         _library.impl("_copy_from", _copy_from, "PrivateUse1")
         _library.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+        _library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
         for name in HOST_FACTORIES:
             _library.impl(name, _host_factory(name), "PrivateUse1")
         from ._autocast import register as register_autocast
@@ -240,6 +241,21 @@ def _new_empty(size: Any, dtype: Any, layout: Any, device: Any) -> torch.Tensor:
 
     _check_factory_target(device, layout)
     return wrap(TensorData.empty(tuple(size), dtype or torch.get_default_dtype()))
+
+
+def _efficient_zero_tensor(
+    size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    """Autograd's zero gradients (``sgn``'s backward, ...): plain zeros here (torch marks them ZeroTensor to skip
+    arithmetic on them; with us they cost one fill in the program)."""
+    from ._data import TensorData
+    from .tensor import wrap
+
+    _check_factory_target(device, layout)
+    dtype = dtype or torch.get_default_dtype()
+    data = TensorData.from_host(torch.zeros(tuple(size), dtype=dtype), copy=False)
+    data.recipe = (torch.ops.aten.full.default, (list(data.shape), 0), {"dtype": dtype})
+    return wrap(data)
 
 
 #: Factories whose size comes from their arguments (torch implements them as ``empty`` + an
