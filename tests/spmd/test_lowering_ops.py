@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import pjrt_plugins.spmd as xs
+
 from _exec_support import check_all, engine, run, spec  # noqa: F401
 
 torch.manual_seed(1234)
@@ -337,3 +339,20 @@ def test_gathers_and_scatters_of_0d_tensors_and_the_backward_of_max_along_a_dim(
         t = torch.tensor(2.0).to("pjrt").requires_grad_()
         (grad,) = torch.autograd.grad(reduction(t).sum() * 3, [t])
         assert grad.cpu().item() == 3.0
+
+
+def test_ops_with_empty_results_or_empty_operands(engine):
+    """An op whose results have no elements is a constant of their shape (gathers of a zero-size dimension made
+    XLA refuse the program: searchsorted into an empty sequence, combinations' backward)."""
+    seq, values = torch.empty(0), torch.tensor([0.5, 1.5])
+    assert torch.equal(torch.searchsorted(seq.to("pjrt"), values.to("pjrt")).cpu(), torch.searchsorted(seq, values))
+    x = torch.empty(0, 3)
+    picked = torch.index_select(x.to("pjrt"), 0, torch.empty(0, dtype=torch.long).to("pjrt"))
+    assert picked.cpu().shape == (0, 3)
+    one = torch.randn(1)
+    xs.set_cpu_fallback(True)  # combinations' forward uses masked_select (the fixture is strict)
+    t = one.to("pjrt").requires_grad_()
+    (grad,) = torch.autograd.grad(torch.combinations(t, r=2).sum(), [t])
+    ref = one.clone().requires_grad_()
+    (want,) = torch.autograd.grad(torch.combinations(ref, r=2).sum(), [ref])
+    assert torch.equal(grad.cpu(), want)

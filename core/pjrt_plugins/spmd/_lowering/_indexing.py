@@ -49,6 +49,8 @@ def gather_along(em: Emitter, table: TensorValue, d: int, idx: TensorValue) -> T
     """``table`` indexed by ``idx`` along dimension ``d``: shape pre + idx.shape + post."""
     n = table.shape[d]
     out_shape = table.shape[:d] + idx.shape + table.shape[d + 1:]
+    if n == 0:  # nothing to take (XLA refuses the gather): zeros, as an out-of-range index reads elsewhere here
+        return em.constant(0, table.dtype, out_shape)
     k = max(idx.numel, 0)
     flat = em.reshape(_index_values(em, idx, n), (k,))
     if em.options.use_dense_gather(n):

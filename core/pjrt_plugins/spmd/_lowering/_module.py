@@ -253,6 +253,9 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     refuse_generator(target, kwargs)
     out = node_value_meta(node)
     em.node = node
+    empty = _empty_result(em, out)
+    if empty is not None:  # no values to compute; lowerings need not handle zero-size operands (gathers cannot)
+        return empty
     try:
         result = fn(em, out, *args, **kwargs)
     except (UnsupportedOpError, NotImplementedError):
@@ -265,6 +268,15 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     if spec is not None and partitioned and isinstance(result, TensorValue):
         result = _annotate(result, spec)
     return result
+
+
+def _empty_result(em: Emitter, out: Any) -> Any:
+    """The result of an op whose outputs all have zero elements (constants of their shapes), or None."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if not outs or not all(isinstance(o, torch.Tensor) and o.numel() == 0 and not o.dtype.is_complex for o in outs):
+        return None
+    values = tuple(em.constant(0, o.dtype, tuple(o.shape)) for o in outs)
+    return values if isinstance(out, (tuple, list)) else values[0]
 
 
 def _annotate(x: TensorValue, spec: str) -> TensorValue:
