@@ -13,6 +13,7 @@ crash costs one op, not the sweep.
     .venv/bin/python scripts/opinfo_sweep.py --ops 'norm.*,roll' --verbose
     .venv/bin/python scripts/opinfo_sweep.py --shard 1/4 --json out-1.json
     .venv/bin/python scripts/opinfo_sweep.py --table out-*.json   # merge shard results into one table
+    .venv/bin/python scripts/opinfo_sweep.py --table all.json rerun.json  # rerun.json's ops replace all.json's
 
 ``tests/spmd/test_opinfo.py`` runs a representative subset through the same functions.
 """
@@ -600,11 +601,13 @@ def failures(results: Sequence[OpResult]) -> str:
 
 
 def _load(paths: Sequence[str]) -> list[OpResult]:
-    results = []
+    """The results in ``paths``; an op in a later file replaces the same op of an earlier one (a re-run)."""
+    results: dict[str, OpResult] = {}
     for path in paths:
         with open(path) as f:
-            results += [OpResult(**r) for r in json.load(f)["results"]]
-    return results
+            for r in json.load(f)["results"]:
+                results[r["op"]] = OpResult(**r)
+    return list(results.values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -614,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes at once (default 1)")
     parser.add_argument("--timeout", type=float, default=OP_TIMEOUT, help="seconds per op before its worker is killed")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--table", nargs="+", metavar="JSON", help="print the table of earlier --json results and exit")
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="print the table of earlier --json results and exit (a later file's op replaces an earlier one's)")
     parser.add_argument("--list", action="store_true", help="print the selected case keys and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each op's result as it comes")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)

@@ -14,7 +14,9 @@ CPU fallback (``test_native``): a new lowering flips them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -160,3 +162,13 @@ def test_the_table_counts_passes_fallbacks_and_deaths():
     assert (s.forward_total, s.forward_pass, s.forward_fallback) == (4, 3, 1)
     assert (s.backward_total, s.backward_pass, s.backward_fallback, s.deaths) == (3, 1, 0, 1)
     assert "3 of 4 (75.0%), 1 through the CPU fallback" in sweep.table(results)
+
+
+def test_a_later_result_file_replaces_an_earlier_ones_ops(tmp_path):
+    """``--table all.json rerun.json``: a re-run op counts once, with its new result."""
+    first, rerun = tmp_path / "all.json", tmp_path / "rerun.json"
+    first.write_text(json.dumps({"results": [dataclasses.asdict(sweep.OpResult("a", "pass", "n/a")),
+                                             dataclasses.asdict(sweep.OpResult("b", "error", "n/a"))]}))
+    rerun.write_text(json.dumps({"results": [dataclasses.asdict(sweep.OpResult("b", "pass", "n/a"))]}))
+    results = {r.op: r.forward for r in sweep._load([str(first), str(rerun)])}
+    assert results == {"a": "pass", "b": "pass"}
