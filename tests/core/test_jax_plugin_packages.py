@@ -168,3 +168,37 @@ def test_a_real_plugin_named_like_an_alias_wins(site, run_isolated, plugin_sourc
     )
     assert result.returncode == 0, result
     assert result.json() == ["cuda", {"cuda": [], "gpu": []}]
+
+
+# -- a JAX plugin package whose library runs here ------------------------------------------
+
+SPMD_ON_IT = """
+import json, torch, pjrt_plugins as p, pjrt_plugins.spmd as xs
+record = next(r for r in p.plugin_records() if r.name == "mycpu")
+xs.set_plugin("mycpu", options={"cpu_device_count": 4})
+mesh = xs.Mesh(range(4), (4,), ("x",))
+a = torch.arange(8.0).to("pjrt")
+xs.mark_sharding(a, mesh, ("x",))
+print(json.dumps([record.origin, (a * 2 + 1).sum().item(), a.sharding_spec]))
+"""
+
+
+def test_devices_conform_and_the_spmd_layer_run_on_a_jax_plugin_package(site, run_installed, cpu_library):
+    # A JAX-style namespace package (jax_plugins/xla_mycpu) holding the real CPU plugin library; its
+    # __init__ would fail if anything imported it, as JAX packages' import jax.
+    package = site.root / "jax_plugins" / "xla_mycpu"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('pjrt_plugins must never import a JAX plugin package')\n")
+    (package / "xla_mycpu_pjrt.so").symlink_to(cpu_library)
+    devices = run_installed([*CLI, "devices", "mycpu", "-o", "cpu_device_count=2", "--json"])
+    assert devices.returncode == 0, devices
+    data = json.loads(devices.stdout)
+    assert (data["plugin"], data["platform_name"], len(data["devices"])) == ("mycpu", "cpu", 2)
+    assert data["library_path"] == str(package / "xla_mycpu_pjrt.so")
+    conform = run_installed([*CLI, "conform", "mycpu", "--json"], timeout=600)
+    assert conform.returncode == 0, conform
+    report = json.loads(conform.stdout)
+    assert report["summary"]["FAIL"] == 0 and report["verdict"] == "conforms", report["summary"]
+    spmd = run_installed(SPMD_ON_IT, timeout=300)
+    assert spmd.returncode == 0, spmd
+    assert spmd.json() == ["namespace package jax_plugins.xla_mycpu", 64.0, "{devices=[4]0,1,2,3}"]
