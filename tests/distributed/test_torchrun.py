@@ -64,7 +64,7 @@ def test_processes_land_on_different_devices_not_all_on_device_0(exchange):
 def test_stub_keys_live_in_torchs_store_under_the_plugin_namespace(exchange):
     for seen in exchange.results.values():
         stub = seen["stub"]
-        assert stub["has_kv"] and stub["kv_prefix"] == "pjrt_plugins/stub_neuron/0/"
+        assert stub["has_kv"] and stub["kv_prefix"] == "pjrt_plugins/stub-neuron/0/"
         assert stub["kv_address"] == f"TCPStore at 127.0.0.1:{seen['env']['MASTER_PORT']}"
         assert stub["store_has"] == {"namespaced": [True, True], "bare": False}
         assert stub["live_kv_values"] == 0  # the plugin called the deleter of every value it got
@@ -154,7 +154,7 @@ def test_a_peer_that_never_arrives_is_a_clear_timeout(tmp_path):
     seen = job.results[0]
     assert seen["error_type"] == "PjrtError" and seen["code"] == "DEADLINE_EXCEEDED"
     assert "gave up waiting 1500 ms for node 1" in seen["message"]
-    assert "'pjrt_plugins/stub_neuron/0/stub_neuron/devices/1'" in seen["message"]  # which key is missing
+    assert "'pjrt_plugins/stub-neuron/0/stub_neuron/devices/1'" in seen["message"]  # which key is missing
     assert f"TCPStore at 127.0.0.1:{seen['env']['MASTER_PORT']}" in seen["message"]
     assert "all 2 processes are running" in seen["hint"]
     assert seen["after"]["roundtrip"] == [0.0, 1.0, 2.0, 3.0]  # and the process goes on
@@ -169,5 +169,5 @@ def test_a_failing_store_is_a_python_error_and_the_process_survives(tmp_path):
     assert seen["code"] == "UNAVAILABLE"  # a lost store is UNAVAILABLE, not UNKNOWN
     assert "ConnectionError" in seen["message"]
     assert f"TCPStore at 127.0.0.1:{seen['port']}" in seen["message"]
-    assert "pjrt_plugins/stub_neuron/0/stub_neuron/devices/" in seen["message"]
+    assert "pjrt_plugins/stub-neuron/0/stub_neuron/devices/" in seen["message"]
     assert seen["after"]["platform"] == "neuron" and len(seen["after"]["devices"]) == 4

@@ -68,7 +68,7 @@ def stub_exchange(result: dict[str, Any]) -> Any:
     store = distributed.default_store()
     result["stub"]["store_has"] = {
         "namespaced": [
-            store.check([f"pjrt_plugins/stub_neuron/0/stub_neuron/devices/{n}"]) for n in range(info.world_size)
+            store.check([f"pjrt_plugins/stub-neuron/0/stub_neuron/devices/{n}"]) for n in range(info.world_size)
         ],
         "bare": store.check(["stub_neuron/devices/0"]),
     }
