@@ -129,3 +129,13 @@ def test_autograds_zero_tensors_are_zeros_on_the_device(cpu8):
     x = torch.randn(5).to("pjrt").requires_grad_()
     (grad,) = torch.autograd.grad(torch.sgn(x).sum(), [x])
     assert grad.device == xs.device() and torch.equal(grad.cpu(), torch.zeros(5))
+
+
+def test_resize_keeps_the_shape_or_says_what_to_do_instead(cpu8):
+    """resize_ reached the backend with no kernel (an opaque NotImplementedError)."""
+    y = torch.ones(2, 3).to("pjrt")
+    y.resize_(2, 3)
+    y.resize_as_(torch.empty(2, 3))
+    assert torch.equal(y.cpu(), torch.ones(2, 3))
+    with pytest.raises(RuntimeError, match=r"cannot change its shape .*torch\.empty"):
+        y.resize_(6)

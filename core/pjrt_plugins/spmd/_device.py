@@ -191,6 +191,7 @@ def register_backend() -> None:
         _library.impl("_copy_from", _copy_from, "PrivateUse1")
         _library.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
         _library.impl("_efficientzerotensor", _efficient_zero_tensor, "PrivateUse1")
+        _library.impl("resize_", _resize_, "PrivateUse1")
         for name in HOST_FACTORIES:
             _library.impl(name, _host_factory(name), "PrivateUse1")
         from ._autocast import register as register_autocast
@@ -256,6 +257,14 @@ def _efficient_zero_tensor(
     data = TensorData.from_host(torch.zeros(tuple(size), dtype=dtype), copy=False)
     data.recipe = (torch.ops.aten.full.default, (list(data.shape), 0), {"dtype": dtype})
     return wrap(data)
+
+
+def _resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
+    """``resize_`` (and ``resize_as_``) reach this kernel with the wrapper's metadata: a pjrt tensor keeps its shape."""
+    if tuple(int(s) for s in size) == tuple(self.shape):
+        return self
+    raise RuntimeError(f"resize_: a pjrt tensor cannot change its shape (from {list(self.shape)} to {list(size)}); "
+                       "make a new tensor of the new shape (torch.empty(shape, device='pjrt')), or reshape/view it")
 
 
 #: Factories whose size comes from their arguments (torch implements them as ``empty`` + an
