@@ -64,9 +64,7 @@ CASES = {
 ALL_CASES = [key for keys in CASES.values() for key in keys]
 
 #: (case, phase) -> why it does not pass yet. Strict: a fix makes the test fail until the entry goes.
-KNOWN_FAILURES = {
-    ("nn.functional.layer_norm", "backward"): "one gradient element differs from the CPU by 1.2e-4",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 #: Cases whose passes need the CPU fallback today: a lowering is missing (issue 12 item 5).
 NEEDS_FALLBACK = {
     "norm.nuc": "linalg.svd",
