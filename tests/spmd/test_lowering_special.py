@@ -124,3 +124,15 @@ def test_in_place_ops_whose_functional_twin_has_another_overload_name(engine):
     outs = run(x.to("pjrt"), n.to("pjrt"))
     for k, (o, r) in enumerate(zip(outs, run(x, n))):
         assert_close(f"op{k}", o.cpu(), r, rtol=1e-5, atol=1e-6)
+
+
+def test_polygamma_and_digamma_match_torch_below_zero_and_at_the_poles(engine):
+    """CHLO's zeta is wrong for negative arguments: polygamma there comes from the reflection formula."""
+    torch.manual_seed(1)
+    x = torch.cat([torch.randn(22) * 6, torch.tensor([-8.478, -0.999, -1e-3, -100.3, 0.0, -0.0, float("inf"),
+                                                      float("-inf"), float("nan"), 0.3])])
+    poles = torch.tensor([-1.0, -2.0, -7.0, 0.0, float("-inf"), 1.5, -2.5, 3.0])
+    cases = [(f"polygamma({n})", lambda t, n=n: torch.polygamma(n, t)) for n in range(5)]
+    _compare(cases + [("digamma", torch.digamma)], [x], tol=1e-4)
+    # torch's trigamma gives a huge finite value at the poles (a rounded sin(pi x)); the higher orders +-inf.
+    _compare(cases[2:] + [("digamma", torch.digamma)], [poles], tol=1e-4)

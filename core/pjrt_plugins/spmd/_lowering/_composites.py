@@ -1,5 +1,6 @@
 """Decompositions torch does not ship, written with ATen ops the lowering has: the fused fast paths of
-``TransformerEncoderLayer`` / ``MultiheadAttention`` in eval mode, and ``embedding_bag`` with its backward.
+``TransformerEncoderLayer`` / ``MultiheadAttention`` in eval mode, and ``embedding_bag`` with its backward;
+and batch norm in eval mode, whose torch decomposition follows CUDA rather than the CPU.
 
 They are consulted like torch's own decompositions (``decomposition_for``) and follow the CPU
 kernels' semantics, including their quirks (a float attention mask counts as a boolean one,
@@ -13,9 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._decomp.decompositions as torch_decompositions
 import torch.nn.functional as F
 
 from ...errors import UnsupportedOpError
+from ._table import meta_rule
 
 aten = torch.ops.aten
 
@@ -30,6 +33,47 @@ def _composite(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return fn
 
     return register
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+
+
+def _eval_statistics(x: torch.Tensor, training: bool, result: tuple) -> tuple:
+    """The CPU kernels save no statistics in eval mode (empty tensors); torch's decomposition, like CUDA,
+    returns the running mean there."""
+    if training:
+        return result
+    return result[0], x.new_zeros((0,)), x.new_zeros((0,))
+
+
+@meta_rule(aten.native_batch_norm.default)
+@_composite(aten.native_batch_norm.default)
+def native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                      momentum: float, eps: float) -> tuple:
+    result = torch_decompositions.native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
+                                                    eps)
+    return _eval_statistics(x, training, result)
+
+
+@meta_rule(aten._native_batch_norm_legit.default)
+@_composite(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                            running_mean: torch.Tensor, running_var: torch.Tensor, training: bool, momentum: float,
+                            eps: float) -> tuple:
+    result = torch_decompositions._native_batch_norm_legit(x, weight, bias, running_mean, running_var, training,
+                                                           momentum, eps)
+    return _eval_statistics(x, training, result)
+
+
+@meta_rule(aten._native_batch_norm_legit_no_training.default)
+@_composite(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                                        running_mean: torch.Tensor, running_var: torch.Tensor, momentum: float,
+                                        eps: float) -> tuple:
+    result = torch_decompositions._native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var,
+                                                                      momentum, eps)
+    return _eval_statistics(x, False, result)
 
 
 # -- attention ------------------------------------------------------------------------------------

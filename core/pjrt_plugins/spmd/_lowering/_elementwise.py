@@ -320,7 +320,6 @@ _FLOAT_UNARY = {
     aten.acosh.default: chlo.acosh,
     aten.atanh.default: chlo.atanh,
     aten.lgamma.default: chlo.lgamma,
-    aten.digamma.default: chlo.digamma,
     aten.ceil.default: hlo.ceil,
     aten.floor.default: hlo.floor,
     aten.round.default: hlo.round_nearest_even,

@@ -239,18 +239,76 @@ def _frexp(em: Emitter, out: tuple, x: TensorValue) -> tuple[TensorValue, Tensor
     return em.convert(mantissa, mant_dtype), em.convert(exponent, exp_dtype)
 
 
+def _cot_pi_derivative(n: int) -> list[float]:
+    """Coefficients, in powers of c = cot(pi x), of the n-th derivative of cot(pi x).
+
+    d/dx cot(pi x) = -pi (1 + c^2), so each derivative maps P(c) to -pi (1 + c^2) P'(c).
+    """
+    poly = [0.0, 1.0]
+    for _ in range(n):
+        slope = [k * poly[k] for k in range(1, len(poly))]
+        nxt = [0.0] * (len(slope) + 2)
+        for k, a in enumerate(slope):
+            nxt[k] -= math.pi * a
+            nxt[k + 2] -= math.pi * a
+        poly = nxt
+    return poly
+
+
+def digamma(em: Emitter, x: TensorValue) -> TensorValue:
+    """CHLO's digamma, with torch's value at zero (copysign(inf, -x); CHLO gives NaN there)."""
+    r = em.unary(chlo.digamma, x)
+    negated_reciprocal = em.div(_c(em, -1.0, x), x)  # -inf at +0, +inf at -0
+    return em.select(em.compare(x, _c(em, 0.0, x), "EQ"), negated_reciprocal, r)
+
+
+def polygamma(em: Emitter, n: int, x: TensorValue) -> TensorValue:
+    """The n-th derivative of digamma, n >= 1.
+
+    CHLO's polygamma is (-1)^(n+1) n! zeta(n+1, x), whose zeta is wrong for x < 0; there the
+    reflection psi_n(x) = (-1)^n psi_n(1 - x) - pi d^n/dx^n cot(pi x) gives torch's values.
+    At the poles (x a non-positive integer) torch gives (-1)^(n+1) inf, except trigamma, whose
+    reflection torch evaluates in floating point (inf here, a huge finite value there).
+    """
+    def chlo_polygamma(v: TensorValue) -> TensorValue:
+        return TensorValue(chlo.polygamma(_c(em, float(n), v).value, v.value), v.shape, v.dtype)
+
+    zero = _c(em, 0.0, x)
+    negative = em.compare(x, zero, "LT")
+    # Evaluate each branch where it is valid only, so neither produces spurious NaNs for the select.
+    positive_x = em.select(negative, _c(em, 1.0, x), x)
+    reflected_x = em.select(negative, x, _c(em, -0.5, x))
+    direct = chlo_polygamma(positive_x)
+    if n == 1:  # torch's trigamma is 0 at +inf; CHLO's gives NaN there
+        direct = em.select(em.compare(x, _c(em, float("inf"), x), "EQ"), zero, direct)
+    # cot(pi x) has period 1: reduce first so pi * x loses no precision.
+    frac = em.sub(reflected_x, em.floor(em.add(reflected_x, _c(em, 0.5, x))))
+    angle = em.mul(frac, _c(em, math.pi, x))
+    cot = em.div(em.unary(hlo.cosine, angle), em.unary(hlo.sine, angle))
+    coefficients = _cot_pi_derivative(n)
+    derivative = _c(em, coefficients[-1], x)
+    for a in reversed(coefficients[:-1]):
+        derivative = em.add(em.mul(derivative, cot), _c(em, a, x))
+    mirrored = chlo_polygamma(em.sub(_c(em, 1.0, x), reflected_x))
+    if n % 2:
+        mirrored = em.unary(hlo.negate, mirrored)
+    reflected = em.sub(mirrored, em.mul(_c(em, math.pi, x), derivative))
+    r = em.select(negative, reflected, direct)
+    if n >= 2:
+        pole = em.binary(hlo.and_, em.compare(x, zero, "LE"), em.compare(x, em.floor(x), "EQ"))
+        r = em.select(pole, _c(em, float("inf") if n % 2 else float("-inf"), x), r)
+    return r
+
+
+@lowers(aten.digamma.default)
+def _digamma(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+    return em.convert(digamma(em, _float_in(em, out, x)), out.dtype)
+
+
 @lowers(aten.polygamma.default)
 def _polygamma(em: Emitter, out: torch.Tensor, n: int, x: TensorValue) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    x = em.convert(x, cdt)
-    if n == 0:
-        return em.convert(em.unary(chlo.digamma, x), out.dtype)
-    order = em.constant(float(n), cdt, x.shape)
-    r = TensorValue(chlo.polygamma(order.value, x.value), x.shape, cdt)
-    if n == 1:  # torch's trigamma is 0 at +inf; its higher orders (through zeta) give NaN there, as CHLO does
-        r = em.select(em.compare(x, em.constant(float("inf"), cdt, x.shape), "EQ"), em.constant(0.0, cdt, x.shape),
-                      r)
-    return em.convert(r, out.dtype)
+    x = _float_in(em, out, x, torch.float64)
+    return em.convert(digamma(em, x) if n == 0 else polygamma(em, n, x), out.dtype)
 
 
 def zeta(em: Emitter, x: TensorValue, q: TensorValue) -> TensorValue:
