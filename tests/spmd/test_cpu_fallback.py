@@ -101,3 +101,26 @@ def test_autograd_flows_through_a_fallback_op(fallback):
     t = x.to("pjrt").requires_grad_()
     (t[t > 0] ** 2).sum().backward()
     assert_close("grad through boolean indexing", t.grad.cpu(), torch.where(x > 0, 2 * x, torch.zeros_like(x)))
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("complex", lambda a, b: torch.complex(a, b)),
+    ("polar", lambda a, b: torch.polar(a.abs(), b)),
+    ("complex arithmetic", lambda a, b: torch.view_as_real(torch.complex(a, b) * torch.complex(b, a)).sum(-1)),
+    ("in place on a complex view", lambda a, b: torch.complex(a, b)[1:].mul_(2)),
+    ("abs of a complex", lambda a, b: torch.complex(a, b).abs()),
+])
+def test_complex_numbers_run_through_the_fallback_not_the_lowering(fallback, name, fn):
+    """No lowering computes complex numbers: they must reach the CPU, never give the lowering's wrong values."""
+    torch.manual_seed(0)
+    a, b = torch.randn(4), torch.randn(4)
+    out = fn(a.to("pjrt"), b.to("pjrt"))
+    assert_close(name, out.cpu(), fn(a, b))
+    assert xs.metrics().fallbacks >= 1
+
+
+def test_strict_mode_refuses_complex_numbers_with_the_op_name(fallback):
+    xs.set_cpu_fallback(False)
+    a = torch.randn(3).to("pjrt")
+    with pytest.raises(UnsupportedOpError, match="aten.complex.default computes with complex numbers"):
+        torch.complex(a, a)

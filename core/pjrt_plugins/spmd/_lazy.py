@@ -530,7 +530,7 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         if info.recordable:
             try:
                 return _record(info, args, kwargs)
-            except DataDependentShapeError as exc:
+            except (DataDependentShapeError, _NotLowerable) as exc:
                 return _fallback.refuse_or_run(func, args, kwargs, exc)
         if func is aten.equal.default:
             return bool(torch.all(torch.eq(args[0], args[1])).item()) if args[0].shape == args[1].shape else False
@@ -541,13 +541,56 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
                 return _record(info, args, kwargs, whole=True)
             except (_NotWhole, DataDependentShapeError):
                 pass  # piece by piece below
+            except _NotLowerable as exc:
+                return _fallback.refuse_or_run(func, args, kwargs, exc)
         if info.decomposition is not None:
+            if _computes_complex(func, args, kwargs):  # torch's complex decompositions write through views
+                return _fallback.refuse_or_run(func, args, kwargs,
+                                               _NotLowerable(info.name, f"{info.name} {_COMPLEX_REFUSAL}"))
             return info.decomposition(*args, **kwargs)
         # Composite ops (aten.to, aten.linear, ...) reach us below autograd: run their torch kernel.
         result = func.decompose(*args, **kwargs) if info.is_overload else NotImplemented
         if result is not NotImplemented:
             return result
         return _fallback.refuse_or_run(func, args, kwargs)
+
+
+_COMPLEX_REFUSAL = ("computes with complex numbers, which the pjrt lowering does not support, and the CPU fallback "
+                    "is off (xs.set_cpu_fallback(False)); turn it on, or compute it on the CPU (move the tensors with "
+                    ".cpu())")
+
+
+class _NotLowerable(UnsupportedOpError):
+    """An op the lowering would compute wrongly on these arguments (complex numbers): the CPU fallback runs it."""
+
+
+def _computes_complex(func: Any, args: tuple, kwargs: dict, meta_out: Any = None) -> bool:
+    """True when a tensor argument or result of the op is complex (``meta_out``: its result on meta tensors,
+    worked out here when not given)."""
+    if any(isinstance(t, torch.Tensor) and t.dtype.is_complex for t in pytree.tree_leaves((args, kwargs, meta_out))):
+        return True
+    if meta_out is not None:
+        return False
+    try:
+        meta_out = META_RULES.get(func, func)(*pytree.tree_map(_to_meta, args), **_meta_kwargs(kwargs))
+    except Exception:  # noqa: BLE001 - no meta kernel: the caller's own path reports what is wrong
+        return False
+    return any(isinstance(t, torch.Tensor) and t.dtype.is_complex for t in pytree.tree_leaves(meta_out))
+
+
+#: Ops that move complex elements without computing with them: lowered as for any other dtype.
+_COMPLEX_MOVES = frozenset({aten.clone.default, aten.copy.default, aten.alias.default, aten.cat.default,
+                            aten.stack.default, aten.slice_scatter.default, aten.select_scatter.default,
+                            aten.diagonal_scatter.default, aten.as_strided_scatter.default})
+
+
+def _refuse_complex(info: _OpInfo, args: tuple, kwargs: dict, meta_out: Any) -> None:
+    """Raise :class:`_NotLowerable` when a tensor argument or result of the op is complex (no lowering computes
+    complex numbers right; views and copies only move them)."""
+    if info.is_view or info.func in _COMPLEX_MOVES:
+        return
+    if _computes_complex(info.func, args, kwargs, meta_out if meta_out is not None else ()):
+        raise _NotLowerable(info.name, f"{info.name} {_COMPLEX_REFUSAL}")
 
 
 class _Unkeyable(Exception):
@@ -619,6 +662,7 @@ def _output_spec(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
                                           f"shape is not known before running it ({exc}), and the CPU fallback is "
                                           "off. Use a fixed-shape form (torch.where, masked_fill) or compute it on "
                                           "the CPU.") from exc
+        _refuse_complex(info, args, kwargs, meta_out)
         spec = _out_spec(meta_out)
         if key is not None and _only_tensors(spec) and len(_meta_cache) < _META_CACHE_SIZE:
             _meta_cache[key] = spec
@@ -655,8 +699,8 @@ def _whole_spec(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     if spec is _NOT_SEEN:
         outputs = lowered_decomposition_outputs(info.func, pytree.tree_map(_to_meta, args), _meta_kwargs(kwargs))
         spec = _out_spec(outputs) if outputs is not None else None
-        if spec is not None and not _only_tensors(spec):
-            spec = None
+        if spec is not None and (not _only_tensors(spec) or _computes_complex(info.func, args, kwargs, outputs)):
+            spec = None  # complex numbers: dispatch sends the op to the fallback
         if len(_whole_specs) < _META_CACHE_SIZE:
             _whole_specs[key] = spec
     if spec is None:
@@ -767,7 +811,7 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     if finfo.recordable and not finfo.maskable:
         try:
             value = _record(finfo, args, kwargs, wrap=False)
-        except DataDependentShapeError:
+        except (DataDependentShapeError, _NotLowerable):
             value = None  # dispatch below sends it to the fallback
         if value is not None and not isinstance(value, LazyValue):
             raise UnsupportedOpError(info.name, f"internal: {finfo.name} did not give one tensor")
