@@ -120,13 +120,13 @@ def test_inplace_calls_become_functional_and_rebind_their_target(engine):
 def test_unsupported_op_raises_an_error_naming_it():
     g = fx.Graph()
     x = g.placeholder("x")
-    x.meta["val"] = torch.empty(8, dtype=torch.complex64, device="meta")
-    y = g.call_function(aten._fft_c2c.default, (x, [0], 0, True))
-    y.meta["val"] = torch.empty(8, dtype=torch.complex64, device="meta")
+    x.meta["val"] = torch.empty(4, 4, device="meta")
+    y = g.call_function(aten.linalg_matrix_exp.default, (x,))
+    y.meta["val"] = torch.empty(4, 4, device="meta")
     g.output((y,))
-    with pytest.raises(UnsupportedOpError, match=r"aten\._fft_c2c\.default") as info:
+    with pytest.raises(UnsupportedOpError, match=r"aten\.linalg_matrix_exp\.default") as info:
         lower_graph(g, LoweringOptions())
-    assert info.value.op == "aten._fft_c2c.default"
+    assert info.value.op == "aten.linalg_matrix_exp.default"
     assert isinstance(info.value, NotImplementedError)
 
 

@@ -26,6 +26,7 @@ from . import _executor, _fallback, _transfer
 from ._data import TensorData, TensorState
 from ._device import TORCH_DEVICE, next_rng_key, virtual_device
 from ._lowering import (
+    COMPLEX_LOWERINGS,
     META_RULES,
     ScalarSlot,
     decomposition_for,
@@ -587,7 +588,7 @@ _COMPLEX_MOVES = frozenset({aten.clone.default, aten.copy.default, aten.alias.de
 def _refuse_complex(info: _OpInfo, args: tuple, kwargs: dict, meta_out: Any) -> None:
     """Raise :class:`_NotLowerable` when a tensor argument or result of the op is complex (no lowering computes
     complex numbers right; views and copies only move them)."""
-    if info.is_view or info.func in _COMPLEX_MOVES:
+    if info.is_view or info.func in _COMPLEX_MOVES or info.func in COMPLEX_LOWERINGS:
         return
     if _computes_complex(info.func, args, kwargs, meta_out if meta_out is not None else ()):
         raise _NotLowerable(info.name, f"{info.name} {_COMPLEX_REFUSAL}")

@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     _elementwise,
     _factories,
     _factorizations,
+    _fft,
     _indexing,
     _linalg,
     _pooling,
@@ -35,7 +36,7 @@ from ._module import (
     sharding_string,
     target_version,
 )
-from ._table import LOWERINGS, META_RULES, RANDOM_OPS, is_random, op_name, refuse_generator
+from ._table import COMPLEX_LOWERINGS, LOWERINGS, META_RULES, RANDOM_OPS, is_random, op_name, refuse_generator
 
 
 def has_lowering(op: Any) -> bool:
@@ -49,6 +50,7 @@ def supported_ops() -> list[str]:
 
 
 __all__ = [
+    "COMPLEX_LOWERINGS",
     "LOWERINGS",
     "META_RULES",
     "RANDOM_OPS",

@@ -19,6 +19,8 @@ LoweringFn = Callable[..., Any]
 LOWERINGS: dict[Any, LoweringFn] = {}
 #: Operators lowered as random number draws (each starts from its own row of the module's RNG keys).
 RANDOM_OPS: set[Any] = set()
+#: Operators whose lowering computes complex numbers (the others take the CPU fallback on complex tensors).
+COMPLEX_LOWERINGS: set[Any] = set()
 #: Output shapes of lowered operators torch has no meta kernel for: op -> fn(*meta args, **kwargs).
 META_RULES: dict[Any, LoweringFn] = {}
 
