@@ -136,3 +136,22 @@ def test_polygamma_and_digamma_match_torch_below_zero_and_at_the_poles(engine):
     _compare(cases + [("digamma", torch.digamma)], [x], tol=1e-4)
     # torch's trigamma gives a huge finite value at the poles (a rounded sin(pi x)); the higher orders +-inf.
     _compare(cases[2:] + [("digamma", torch.digamma)], [poles], tol=1e-4)
+
+
+def test_as_strided_of_a_view_or_past_the_last_element_raises_instead_of_reading_other_elements(engine):
+    """pjrt views report contiguous strides and offset 0: as_strided on one would index other elements than on
+    the CPU, and a gather past the end would clamp; both raise. A view that keeps the CPU's layout is fine."""
+    import pytest
+
+    from pjrt_plugins.errors import UnsupportedOpError
+
+    c = torch.arange(12.0).view(3, 4)
+    p = c.to("pjrt")
+    with pytest.raises(UnsupportedOpError, match="as_strided.default of a view .*aten.t.default"):
+        p.t().as_strided((4, 2), (1, 4))
+    with pytest.raises(UnsupportedOpError, match="of a view .*aten.slice.Tensor"):
+        p[1:].as_strided((2, 2), (4, 1), 0)
+    with pytest.raises(RuntimeError, match="reach element 13 of a pjrt tensor of 12 elements"):
+        p.as_strided((2, 2), (1, 2), 10)
+    assert_close("as_strided of a reshape", p.view(4, 3).as_strided((2, 2), (1, 4), 1).cpu(),
+                 c.view(4, 3).as_strided((2, 2), (1, 4), 1))

@@ -512,6 +512,8 @@ def _meta_kwargs(kwargs: dict) -> dict:
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``func(*args, **kwargs)`` on pjrt tensors; returns pjrt tensors holding pending values."""
     info = _op_infos.get(id(func)) or _op_info(func)
+    if func in _STRIDED_OPS:
+        _refuse_strided_view(info, args)
     if kwargs:
         refuse_generator(func, kwargs)
     else:
@@ -592,6 +594,31 @@ def _refuse_complex(info: _OpInfo, args: tuple, kwargs: dict, meta_out: Any) -> 
         return
     if _computes_complex(info.func, args, kwargs, meta_out if meta_out is not None else ()):
         raise _NotLowerable(info.name, f"{info.name} {_COMPLEX_REFUSAL}")
+
+
+#: Ops whose strides and storage offset index the storage of their first argument.
+_STRIDED_OPS = frozenset({aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_.default,
+                          aten.as_strided_scatter.default})
+#: View ops whose result, from a tensor that owns its storage, is contiguous at offset 0 on the CPU too.
+_CONTIGUOUS_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "alias", "flatten", "view_as", "squeeze",
+                               "unsqueeze"})
+
+
+def _refuse_strided_view(info: _OpInfo, args: tuple) -> None:
+    """``as_strided`` of a view indexes the viewed tensor's storage on the CPU; a pjrt view reports contiguous
+    strides and offset 0 and has no such storage, so the same call would read other elements: refuse it
+    (the CPU fallback would copy the view alone and give the same wrong values)."""
+    data = getattr(args[0], "_pjrt_data", None) if args else None
+    if data is None or data.view_of is None:
+        return
+    _, chain = data.view_of
+    for view_op, _ in chain:
+        if view_op is None or view_op.overloadpacket.__name__ not in _CONTIGUOUS_VIEWS:
+            raise UnsupportedOpError(info.name, f"{info.name} of a view ({op_name(view_op)} of another tensor) is "
+                                     "not supported on the pjrt device: pjrt tensors report contiguous strides and "
+                                     "no storage offset, so its strides would index other elements than on the "
+                                     "CPU. Call it on the tensor that owns the storage, or on a .clone() of the "
+                                     "view.")
 
 
 class _Unkeyable(Exception):

@@ -15,7 +15,7 @@ from ...errors import LoweringError, UnsupportedOpError
 from ._emitter import Emitter, Operand, TensorValue
 from ._indexing import gather_along, scatter_along
 from ._mlir import tensor_type
-from ._table import lowers
+from ._table import lowers, meta_rule
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -240,6 +240,37 @@ def _strided_positions(em: Emitter, op: str, size: Sequence[int], stride: Sequen
         if size[d] > 1 and st != 0:
             index = em.add(index, em.mul(em.iota(size, d, torch.int64), em.constant(int(st), torch.int64, size)))
     return index
+
+
+def _check_in_bounds(op: str, x: torch.Tensor, size: Sequence[int], stride: Sequence[int],
+                     storage_offset: int | None) -> None:
+    """Refuse a strided view reaching past ``x``'s last element: the gather would clamp it to garbage.
+
+    A pjrt tensor's storage is its own elements (contiguous, offset 0), so this is torch's storage
+    bounds check for a tensor that owns its storage.
+    """
+    if any(int(s) == 0 for s in size):
+        return
+    last = int(storage_offset or 0) + sum((int(n) - 1) * int(st) for n, st in zip(size, stride))
+    if last >= x.numel():
+        raise RuntimeError(f"{op}: sizes {list(size)}, strides {list(stride)} and storage offset "
+                           f"{int(storage_offset or 0)} reach element {last} of a pjrt tensor of {x.numel()} "
+                           "elements. A pjrt tensor's storage is its own elements, also for a view of another "
+                           "tensor: call as_strided on the tensor that owns the storage.")
+
+
+@meta_rule(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided_meta(x: torch.Tensor, size: Sequence[int], stride: Sequence[int],
+                     storage_offset: int | None = None) -> torch.Tensor:
+    _check_in_bounds("as_strided", x, size, stride, storage_offset)
+    return torch.empty_strided(tuple(size), tuple(stride), dtype=x.dtype, device="meta")
+
+
+@meta_rule(aten.as_strided_scatter.default)
+def _as_strided_scatter_meta(x: torch.Tensor, src: torch.Tensor, size: Sequence[int], stride: Sequence[int],
+                             storage_offset: int | None = None) -> torch.Tensor:
+    _check_in_bounds("as_strided_scatter", x, size, stride, storage_offset)
+    return aten.as_strided_scatter.default(x, src, size, stride, storage_offset)
 
 
 @lowers(aten.as_strided.default, aten.as_strided_copy.default)
