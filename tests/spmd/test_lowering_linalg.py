@@ -118,6 +118,16 @@ def test_lu_det_slogdet_solve_and_inverse_with_gradients(engine):
     ], grad_cases={"det", "slogdet", "logdet", "solve", "solve_right", "inv", "lu", "lu_solve"})
 
 
+def test_inverse_and_solve_of_a_batch_of_empty_matrices(engine):
+    """0x0 matrices: an empty inverse and solution, info 0 per matrix (no gather along a zero-size dimension)."""
+    empty, rhs = torch.randn(3, 0, 0), torch.randn(3, 0, 2)
+    _compare([
+        ("inv", torch.linalg.inv, [empty]),
+        ("inv_ex", torch.linalg.inv_ex, [empty]),
+        ("solve", torch.linalg.solve, [empty, rhs]),
+    ])
+
+
 @pytest.mark.parametrize("fn, message", [
     (lambda m: torch.linalg.cholesky(m), "not positive-definite"),
     (lambda m: torch.linalg.inv(m), "could not be completed"),

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
@@ -141,11 +142,26 @@ def _meta_of(value: Any) -> Any:
     return value
 
 
+def _plain_containers(value: Any) -> Any:
+    """``value`` with fx's immutable lists and dicts (at any depth) as plain ones."""
+    if isinstance(value, immutable_list):
+        return [_plain_containers(v) for v in value]
+    if isinstance(value, immutable_dict):
+        return {k: _plain_containers(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_plain_containers(v) for v in value)
+    if type(value) is dict:
+        return {k: _plain_containers(v) for k, v in value.items()}
+    return value
+
+
 def trace_decomposition(op: Any, decomp: Any, args: tuple, kwargs: dict) -> fx.GraphModule:
     """The graph of ``decomp(*args, **kwargs)`` over meta tensors (one placeholder per tensor leaf)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    flat, spec = pytree.tree_flatten((args, kwargs))
+    # A node's list arguments are fx's immutable lists; a decomposition may write into its list
+    # arguments (``_unsafe_masked_index`` clamps ``indices`` in place), as it may into a call's own.
+    flat, spec = pytree.tree_flatten(_plain_containers((args, kwargs)))
     tensor_pos = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
 
     def run(*tensors: torch.Tensor) -> Any:

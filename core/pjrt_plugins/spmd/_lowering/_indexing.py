@@ -291,6 +291,8 @@ def gather_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue) -> 
     """torch.gather: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``d`` (a sparse gather)."""
     if x.rank == 0:  # torch takes a 0-d tensor as one element along dim 0
         return em.reshape(gather_elements(em, _as_1d(em, x), 0, _as_1d(em, index)), index.shape)
+    if index.numel == 0:  # nothing to gather, and stablehlo.gather refuses slices of a zero-size dimension
+        return em.constant(0, x.dtype, index.shape)
     starts = _full_index(em, index, d, x.shape[d])
     dnums = hlo.GatherDimensionNumbers.get(
         offset_dims=[],
