@@ -122,14 +122,15 @@ class JaxWorker(Worker):
     """A :class:`Worker` running jax (``--jax-worker``) on ``devices`` host devices.
 
     Two XLA runtimes do not share a process, so jax runs in its own (``JAX_PLATFORMS=cpu``,
-    ``--xla_force_host_platform_device_count``)::
+    ``--xla_force_host_platform_device_count``, then ``xla_flags``)::
 
         with JaxWorker(__file__, ["--size-mib", "256"], devices=8) as worker:
             worker.info["version"]; result = worker.request("run", "cols")
     """
 
-    def __init__(self, script: str, arguments: Sequence[str], devices: int) -> None:
-        flags = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+    def __init__(self, script: str, arguments: Sequence[str], devices: int, xla_flags: Sequence[str] = ()) -> None:
+        flags = " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={devices}",
+                          *xla_flags]).strip()
         env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu",
                "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
         super().__init__(script, arguments, flag="--jax-worker", env=env)
