@@ -31,9 +31,8 @@ GOAL_US_PER_OP = 15.0  # issue 16
 def floor_tensor_type() -> type:
     """The recording-free subclass (made here so that importing the module does not import torch)."""
     import torch
-    from torch.utils._pytree import tree_map
-
     from pjrt_plugins.spmd import _device
+    from torch.utils._pytree import tree_map
 
     class FloorTensor(torch.Tensor):
         calls = 0
@@ -65,7 +64,7 @@ def floor_tensor_type() -> type:
 
     def _result_template(func: Any, args: tuple, kwargs: dict) -> tuple[str, Any]:
         schema = func._schema
-        for i, ret in enumerate(schema.returns):
+        for ret in schema.returns:
             if ret.alias_info is not None and ret.alias_info.is_write:
                 position = next(j for j, a in enumerate(schema.arguments)
                                 if a.alias_info is not None and a.alias_info.is_write)
@@ -101,9 +100,8 @@ class FloorSide:
     """The GPT step of ``gpt_step.py`` on :func:`floor_tensor_type` tensors (forward, backward, AdamW)."""
 
     def __init__(self, cfg: gpt_step.Config) -> None:
-        import torch
-
         import pjrt_plugins.spmd  # noqa: F401  (makes "pjrt" a torch device)
+        import torch
 
         self.torch, self.cls = torch, floor_tensor_type()
         model = gpt_step.torch_model(cfg)
