@@ -208,7 +208,7 @@ def manual_seed(seed: int) -> None:
 #: (``ScalarSlot``), so a learning rate or an Adam bias correction that changes every step does not
 #: change the program. Values some lowering special-cases stay constants.
 _LIFTED_OPS = {"add", "sub", "rsub", "mul", "div", "pow", "clamp", "clamp_min", "clamp_max", "masked_fill", "where",
-               "full", "full_like", "fill", "new_full", "lerp", "addcmul", "addcdiv"}
+               "full", "full_like", "fill", "new_full", "lerp", "addcmul", "addcdiv", "adam_step"}
 _SPECIAL_VALUES = {0.0, 1.0, -1.0, 2.0, 3.0, 0.5, -0.5}
 _FOREACH_PREFIX = "_foreach_"
 #: The dispatch key of the foreach ops' kernels that loop over the per-tensor ops.
@@ -818,6 +818,8 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     if info.foreach:
         return _dispatch_foreach_inplace(info, args, kwargs)
     target = args[0]
+    if isinstance(target, list):  # writes whole lists (_fused_sgd_, ...) and is not lowered
+        return _fallback.refuse_or_run(func, args, kwargs)
     if not isinstance(target, _XST):
         raise VirtualDeviceError(f"{info.name} writes into a tensor on {target.device} from pjrt tensors; "
                                  "move the result with .cpu() instead")
@@ -878,6 +880,16 @@ def _dispatch_foreach_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     for target, value in zip(targets, values):
         _assign_result(info, target._pjrt_data, value)
     return None
+
+
+def record_into(func: Any, args: tuple, targets: Sequence[Any]) -> None:
+    """Record ``func(*args)``, an op returning one tensor per pjrt tensor of ``targets``, and make each target
+    hold its result (a fused optimizer step: one op writing whole lists of tensors)."""
+    info = _op_info(func)
+    with _lock:
+        values = _record(info, args, {}, wrap=False)
+        for target, value in zip(targets, values, strict=True):
+            _assign_result(info, target._pjrt_data, value)
 
 
 def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue) -> None:

@@ -386,6 +386,14 @@ def _alias(func: Any, args: tuple, kwargs: dict) -> Any:
     return wrap(unwrap(args[0]))
 
 
+@_handles(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_adamw_.default,
+          aten._fused_adamw_.tensor_lr)
+def _fused_adam(func: Any, args: tuple, kwargs: dict) -> Any:
+    from . import _optim  # the engine's side (imports the lowering)
+
+    return _optim.fused_adam_step(func, args, kwargs)
+
+
 @_handles(aten.lift_fresh.default)
 def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
     return args[0]  # torch.tensor(..., device="pjrt") marks its fresh result; nothing to do
