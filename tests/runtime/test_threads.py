@@ -192,3 +192,46 @@ def test_threads_racing_close_and_delete_on_the_real_cpu_plugin(python_subproces
     result = python_subprocess(STRESS.replace("sys.argv[1]", repr(str(cpu_library_path))), timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("ok")
+
+
+CONCURRENT = r"""
+import sys, threading
+import numpy as np
+from pjrt_plugins.runtime import Client
+from pjrt_plugins.conform._programs import ADD_F32
+
+sys.setswitchinterval(1e-6)  # hand the GIL over between almost every two bytecodes
+client = Client(sys.argv[1])
+exe = client.compile(ADD_F32)
+THREADS, ROUNDS = 6, 400
+wrong, failed = [], []
+
+def worker(t):
+    try:
+        a = client.buffer_from_host(np.full(4, t, np.float32))
+        b = client.buffer_from_host(np.arange(4, dtype=np.float32) * 100)
+        expected = np.arange(4, dtype=np.float32) * 100 + t
+        for r in range(ROUNDS):
+            [[out]] = exe.execute([[a, b]], wait=r % 2 == 0)
+            got = out.to_numpy()
+            if not np.array_equal(got, expected):
+                wrong.append((t, r, got.tolist()))
+    except BaseException as exc:
+        failed.append(repr(exc))
+
+threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+client.close()
+print("wrong", len(wrong), wrong[:3], "failed", failed[:3])
+"""
+
+
+def test_concurrent_executes_of_one_executable_stay_correct(python_subprocess, cpu_library_path):
+    """Six threads execute one executable at once, each with its own inputs, and read every output:
+    each result is its own thread's (the reused argument frames are never shared by two executes)."""
+    result = python_subprocess(CONCURRENT.replace("sys.argv[1]", repr(str(cpu_library_path))), timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("wrong 0 [] failed []"), result.stdout[-2000:]

@@ -17,7 +17,7 @@ from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableEr
 from ._cdef import STRUCT_SIZE, ffi
 from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
 from ._inflight import OwnedHandle
-from ._library import new_args, scratch_args
+from ._library import Pool, args_pool, new_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client, Device, Memory
@@ -86,29 +86,58 @@ _DIRECT_FUNCTIONS = (
 _pin_lock = threading.RLock()
 
 
+class _PinStructs:
+    """The args structs of pinning a buffer in host memory; one user at a time (from ``_pin_structs``)."""
+
+    __slots__ = ("hold", "where", "unhold")
+
+    def __init__(self) -> None:
+        self.hold = new_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
+        self.where = new_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
+        self.unhold = new_args("PJRT_Buffer_DecreaseExternalReferenceCount_Args")
+
+    def pin(self, lib: Any, ptr: Any) -> Any:
+        """Take an external reference on a buffer in host memory (the plugin keeps its bytes in
+        place until :meth:`unpin`); returns the address of the bytes."""
+        hold = self.hold
+        hold.buffer = ptr
+        lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)
+        try:
+            where = self.where
+            where.buffer = ptr
+            lib.call("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", where)
+            return where.device_memory_ptr
+        except BaseException:
+            self.unpin(lib, ptr)
+            raise
+
+    def unpin(self, lib: Any, ptr: Any) -> None:
+        """Drop the external reference :meth:`pin` took."""
+        unhold = self.unhold
+        unhold.buffer = ptr
+        lib.call("PJRT_Buffer_DecreaseExternalReferenceCount", unhold)
+
+
+_pin_structs: Pool[_PinStructs] = Pool(_PinStructs)
+
+
 def _pin(lib: Any, ptr: Any) -> Any:
-    """Take an external reference on a buffer in host memory (the plugin keeps its bytes in place
-    until :func:`_unpin`); returns the address of the bytes. Call with ``_pin_lock`` held or
-    within a counted call on the buffer."""
-    hold = scratch_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
-    hold.buffer = ptr
-    lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)
-    try:
-        where = scratch_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
-        where.buffer = ptr
-        lib.call("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", where)
-        return where.device_memory_ptr
-    except BaseException:
-        _unpin(lib, ptr)
-        raise
+    """Pin a buffer in host memory and return the address of its bytes (see :meth:`_PinStructs.pin`).
+    Call with ``_pin_lock`` held or within a counted call on the buffer."""
+    structs = _pin_structs.take()
+    address = structs.pin(lib, ptr)
+    _pin_structs.give(structs)
+    return address
 
 
-def _unpin(lib: Any, ptr: Any, finalizing: bool = False) -> None:
-    """Drop the external reference :func:`_pin` took (``finalizing``: from a finalizer, no scratch args)."""
-    struct = "PJRT_Buffer_DecreaseExternalReferenceCount_Args"
-    args = new_args(struct) if finalizing else scratch_args(struct)
-    args.buffer = ptr
-    lib.call("PJRT_Buffer_DecreaseExternalReferenceCount", args)
+def _unpin(lib: Any, ptr: Any) -> None:
+    """Drop the external reference :func:`_pin` took (finalizers call it)."""
+    structs = _pin_structs.take()
+    structs.unpin(lib, ptr)
+    _pin_structs.give(structs)
+
+
+_READY_EVENT = args_pool("PJRT_Buffer_ReadyEvent_Args")
 
 
 class _HostPin:
@@ -129,7 +158,7 @@ class _HostPin:
             buffer._client._pins += 1
             self._buffer = buffer
 
-    def release(self, *, finalizing: bool = False) -> None:
+    def release(self) -> None:
         """Drop the external reference (once); a buffer whose release waited for it is freed now."""
         with _pin_lock:  # held across the C call: the buffer cannot be freed in between
             buffer, self._buffer = self._buffer, None
@@ -137,7 +166,7 @@ class _HostPin:
                 return
             try:
                 if buffer._ptr is not None and not buffer._client._closed:
-                    _unpin(buffer._lib, buffer._ptr, finalizing)
+                    _unpin(buffer._lib, buffer._ptr)
             finally:
                 buffer._pins -= 1
                 buffer._client._pins -= 1
@@ -147,7 +176,7 @@ class _HostPin:
 
     def __del__(self) -> None:
         try:
-            self.release(finalizing=True)
+            self.release()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
@@ -166,6 +195,7 @@ class ReadPlan(NamedTuple):
 
 
 _TRANSFER = ReadPlan("transfer")
+_DIRECT = ReadPlan("direct")
 
 
 def _read_plan(lib: Any, ptr: Any, ndim: int) -> ReadPlan:
@@ -194,7 +224,7 @@ def _read_plan(lib: Any, ptr: Any, ndim: int) -> ReadPlan:
     order = tuple(reversed(minor_to_major))
     permuted = order != tuple(range(ndim))
     if on_cpu and all(lib.has_function(name) for name in _DIRECT_FUNCTIONS):
-        return ReadPlan("direct", order if permuted else None)
+        return ReadPlan("direct", order) if permuted else _DIRECT
     if permuted and lib.has_function("PJRT_Buffer_CopyRawToHost"):
         return ReadPlan("raw", order)
     return _TRANSFER
@@ -402,10 +432,12 @@ class Buffer(OwnedHandle):
     # -- readiness -------------------------------------------------------------------
 
     def _ready_event(self, ptr: Any) -> Any:
-        args = scratch_args("PJRT_Buffer_ReadyEvent_Args")
+        args = _READY_EVENT.take()
         args.buffer = ptr
         self._lib.call("PJRT_Buffer_ReadyEvent", args)
-        return args.event
+        event = args.event
+        _READY_EVENT.give(args)
+        return event
 
     @property
     def is_ready(self) -> bool:
@@ -464,6 +496,11 @@ class Buffer(OwnedHandle):
         """
         ptr = self._begin()
         try:
+            shape, dtype = self._shape, self._dtype
+            if out is None and self._plan is _DIRECT and shape is not None and dtype is not None:
+                out = np.empty(shape, dtype)  # the hot path: a small row-major buffer in host memory
+                if out.nbytes <= DIRECT_READ_MAX_BYTES:
+                    return self._read_direct(ptr, out)
             return self._to_numpy(ptr, out)
         finally:
             self._end()
@@ -509,12 +546,14 @@ class Buffer(OwnedHandle):
         """
         self._await_ready(ptr)
         lib = self._lib
-        address = _pin(lib, ptr)
+        structs = _pin_structs.take()
+        address = structs.pin(lib, ptr)
         try:
             if out.nbytes:
                 ffi.memmove(out, address, out.nbytes)
         finally:
-            _unpin(lib, ptr)
+            structs.unpin(lib, ptr)
+        _pin_structs.give(structs)
         return out
 
     def host_view(self) -> np.ndarray:
@@ -548,7 +587,7 @@ class Buffer(OwnedHandle):
             pin = _HostPin(self)
             # The view's memory chain (array -> read-only memoryview -> cffi buffer -> this cdata)
             # holds the pin; when the last array goes, the cdata's destructor releases it.
-            anchor = ffi.gc(ffi.cast("char *", pin.address), lambda _cdata: pin.release(finalizing=True))
+            anchor = ffi.gc(ffi.cast("char *", pin.address), lambda _cdata: pin.release())
             memory = memoryview(ffi.buffer(anchor, nbytes)).toreadonly()
             view = np.frombuffer(memory, dtype=dtype).reshape(physical)
         if order is not None:

@@ -30,10 +30,11 @@ from ._dtypes import pjrt_type_of
 from ._executable import Executable
 from ._inflight import wait_for_calls
 from ._kv import KvCallbacks
-from ._library import Library, load_library, new_args, unpack_text, version_text
+from ._library import Library, args_pool, load_library, new_args, unpack_text, version_text
 from ._named_values import EncodedNamedValues, decode_named_values
 
 logger = logging.getLogger(__name__)
+_BUFFER_DESTROY = args_pool("PJRT_Buffer_Destroy_Args")
 
 _INTERNAL = 13  # absl::StatusCode::kInternal
 _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
@@ -406,10 +407,11 @@ class Client:
     def _destroy_buffer(self, entry: tuple[Any, Any], host: Any, wait: bool = False) -> None:
         """Destroy a buffer handle; keep ``host`` until its done-with-host event fires."""
         ptr, event = entry
-        args = new_args("PJRT_Buffer_Destroy_Args")
+        args = _BUFFER_DESTROY.take()  # runs in finalizers: a pooled struct (see Pool)
         args.buffer = ptr
         try:
             self._lib.call("PJRT_Buffer_Destroy", args)
+            _BUFFER_DESTROY.give(args)
         finally:
             if event is not None and not self._settle_host_event(event, wait, host):
                 with self._lock:

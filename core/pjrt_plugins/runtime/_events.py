@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PjrtError
 from ._cdef import ffi
-from ._library import new_args
+from ._library import Pool, new_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._library import Library
@@ -53,32 +53,72 @@ class WaitExpired(TimeoutError):
         super().__init__(f"{reason} after {waited:.1f} s")
 
 
-def errors_if_ready(lib: Library, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
+class ReadyEvents:
+    """Args structs to finish events that are ready now: ``PJRT_Event_IsReady``, then
+    ``PJRT_Event_Await`` (which returns at once on a ready event) and ``PJRT_Event_Destroy``.
+
+    One user at a time: an execute frame owns one, other waits take one from a pool.
+    """
+
+    __slots__ = ("_is_ready", "_await", "_destroy")
+
+    def __init__(self) -> None:
+        self._is_ready = new_args("PJRT_Event_IsReady_Args")
+        self._await = new_args("PJRT_Event_Await_Args")
+        self._destroy = new_args("PJRT_Event_Destroy_Args")
+
+    def all_ready(self, lib: Library, events: Sequence[Any]) -> bool:
+        """Whether every event (NULL ones aside) is ready; PjrtError when the plugin cannot say."""
+        args = self._is_ready
+        is_ready = lib.function("PJRT_Event_IsReady")
+        for event in events:
+            if event:
+                args.event = event
+                err = is_ready(args)
+                if err:
+                    raise lib.error_to_exception(err, "PJRT_Event_IsReady")
+                if not args.is_ready:
+                    return False
+        return True
+
+    def finish(self, lib: Library, event: Any, function: str) -> PjrtError | None:
+        """The error of a ready ``event`` attributed to ``function`` (None: it succeeded); destroys the event."""
+        args = self._await
+        args.event = event
+        try:
+            err = lib.function("PJRT_Event_Await")(args)
+            return lib.error_to_exception(err, function) if err else None
+        finally:
+            destroy = self._destroy
+            destroy.event = event
+            err = lib.function("PJRT_Event_Destroy")(destroy)
+            if err:
+                raise lib.error_to_exception(err, "PJRT_Event_Destroy")
+
+
+_ready_events: Pool[ReadyEvents] = Pool(ReadyEvents)  # for the waits that own none
+
+
+def errors_if_ready(
+    lib: Library, events: Sequence[Any], function: str, structs: ReadyEvents | None = None
+) -> list[PjrtError | None] | None:
     """The events' errors, destroying the events, if every one is ready now; else None (nothing touched).
 
     The fast path of every wait: a program the plugin ran inline, or a host copy it finished
     at once, costs one ``PJRT_Event_IsReady`` more than a blocking await and nothing else.
+    ``structs``: the caller's own :class:`ReadyEvents` (else one is taken from a pool).
     """
+    use = structs or _ready_events.take()
     try:
-        for event in events:
-            if event != ffi.NULL and not lib.event_is_ready(event):
+        try:
+            if not use.all_ready(lib, events):
                 return None
-    except PjrtError:  # the plugin cannot say: wait for callbacks instead
-        return None
-    errors: list[PjrtError | None] = []
-    for event in events:
-        error = None
-        if event != ffi.NULL:
-            args = new_args("PJRT_Event_Await_Args")
-            args.event = event
-            try:
-                err = lib.function("PJRT_Event_Await")(args)
-                if err:
-                    error = lib.error_to_exception(err, function)
-            finally:
-                lib.destroy_event(event)
-        errors.append(error)
-    return errors
+        except PjrtError:  # the plugin cannot say: wait for callbacks instead
+            return None
+        return [use.finish(lib, event, function) if event else None for event in events]
+    finally:
+        if structs is None:
+            _ready_events.give(use)
 
 
 class EventWait:
@@ -195,14 +235,9 @@ class EventWait:
     def _await(self, index: int) -> None:
         """``PJRT_Event_Await`` on event ``index`` (ready: returns at once), then destroy it."""
         event, self._events[index] = self._events[index], None
-        args = new_args("PJRT_Event_Await_Args")
-        args.event = event
-        try:
-            err = self.lib.function("PJRT_Event_Await")(args)
-            if err:
-                self.errors[index] = self.lib.error_to_exception(err, self.function)
-        finally:
-            self.lib.destroy_event(event)
+        structs = _ready_events.take()
+        self.errors[index] = structs.finish(self.lib, event, self.function)
+        _ready_events.give(structs)
 
     def _arm(self, index: int) -> None:
         """Register the callback on event ``index``, then destroy the event (the callback does not need it)."""

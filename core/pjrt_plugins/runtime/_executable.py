@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..errors import ClientClosedError, ExecutionStuckError, PjrtError, Unsuppor
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
-from ._events import EventWait, WaitExpired, errors_if_ready
+from ._events import EventWait, ReadyEvents, WaitExpired, errors_if_ready
 from ._inflight import OwnedHandle
 from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
@@ -40,6 +41,7 @@ _PROGRAM_SHAPE_PARAMETERS = 1
 _SHAPE_ELEMENT_TYPE = 2
 _SHAPE_DIMENSIONS = 3
 _LAUNCH_IDS = 2**31  # PJRT_ExecuteOptions.launch_id is a C int
+_launch_ids_lock = threading.Lock()
 
 
 def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np.dtype]] | None:
@@ -58,17 +60,30 @@ def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np
 
 
 class _ExecuteFrame:
-    """Preallocated C arrays and args for one (devices, arguments) execute shape; reused."""
+    """Preallocated C arrays and args for one (devices, arguments) execute shape; reused.
 
-    __slots__ = ("args", "options", "inner_args", "inner_outputs", "events", "waits", "arguments", "_keep")
+    A frame is taken from its pool (``pool``) for one execute and put back after it, so an
+    execute running on another thread never fills the same C memory.
+    """
 
-    def __init__(self, loaded: Any, num_devices: int, num_args: int, num_outputs: int) -> None:
+    __slots__ = (
+        "args", "options", "inner_args", "inner_outputs", "events", "ready_events", "waits", "arguments", "params",
+        "template", "pool", "_keep",
+    )
+
+    def __init__(
+        self, loaded: Any, num_devices: int, num_args: int, num_outputs: int, params: Any, pool: list
+    ) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
         self.inner_outputs = [ffi.new("PJRT_Buffer*[]", max(1, num_outputs)) for _ in range(num_devices)]
         argument_lists = ffi.new("PJRT_Buffer**[]", self.inner_args)
         output_lists = ffi.new("PJRT_Buffer**[]", self.inner_outputs)
         self.events = ffi.new("PJRT_Event*[]", num_devices)
+        self.ready_events = ReadyEvents()
         self.arguments: Any = None  # the argument lists of the execute using this frame (see _inflight)
+        self.params = params  # [(shape, dtype)] each argument list must match, or None
+        self.template: Any = None  # the executable's output template once complete (see _output_template)
+        self.pool = pool
         self.options = options = new_args("PJRT_ExecuteOptions")
         args = new_args("PJRT_LoadedExecutable_Execute_Args")
         args.executable = loaded
@@ -336,25 +351,30 @@ class Executable(OwnedHandle):
         num_args = len(args_per_device[0])
         loaded = self._begin()  # a counted call (see _inflight): delete() or close() elsewhere waits for it
         try:
-            key = (num_devices, num_args)
-            pool = self._frames.get(key)
-            if pool is None:
-                pool = self._frames[key] = []
-            frame = pool.pop() if pool else _ExecuteFrame(loaded, num_devices, num_args, self.num_outputs)
+            try:
+                frame = self._frames[(num_devices, num_args)].pop()
+            except (KeyError, IndexError):  # the first execute of this shape, or its frames are all in use
+                frame = self._new_frame(loaded, num_devices, num_args)
             frame.arguments = args_per_device
             running = self._client._running
             running.append(frame)  # before the arguments' handles are read: their delete() now waits too
             try:
-                return self._execute(frame, loaded, args_per_device, num_args, device, wait)
+                return self._execute(frame, args_per_device, num_args, device, wait)
             finally:
                 running.remove(frame)
                 frame.arguments = None
-                pool.append(frame)
+                frame.pool.append(frame)
         finally:
             self._end()
 
-    def _output_template(self) -> list[tuple[Any, Any, Any]]:
-        """``[(shape, dtype, read plan)]`` given to each new output buffer (None: ask later)."""
+    def _new_frame(self, loaded: Any, num_devices: int, num_args: int) -> _ExecuteFrame:
+        params = self._checked_parameters(num_args)  # raises for a wrong count: no frame is made for it
+        pool = self._frames.setdefault((num_devices, num_args), [])
+        return _ExecuteFrame(loaded, num_devices, num_args, self.num_outputs, params, pool)
+
+    def _output_template(self, frame: _ExecuteFrame) -> list[tuple[Any, Any, Any]]:
+        """``[(shape, dtype, read plan)]`` given to each new output buffer (None: ask later); kept
+        by ``frame`` once complete."""
         template = self._facts.get("output_template")
         if template is None:
             try:
@@ -368,6 +388,8 @@ class Executable(OwnedHandle):
             template = list(zip(shapes, dtypes, plans))
             if "output_plans" in self._facts:  # complete: cache it
                 self._facts["output_template"] = template
+        if "output_plans" in self._facts:
+            frame.template = template
         return template
 
     def _checked_parameters(self, num_args: int) -> list[tuple[tuple[int, ...], np.dtype]] | None:
@@ -381,15 +403,15 @@ class Executable(OwnedHandle):
     def _execute(
         self,
         frame: _ExecuteFrame,
-        loaded: Any,
         args_per_device: Sequence[Sequence[Buffer]],
         num_args: int,
         device: Device | int | None,
         wait: bool,
     ) -> list[list[Buffer]]:
         client = self._client
-        params = self._checked_parameters(num_args)
-        template = self._output_template()  # facts asked before the call: a delete() meanwhile cannot fail them
+        params = frame.params
+        # Facts are asked before the call: a delete() meanwhile cannot fail them.
+        template = frame.template or self._output_template(frame)
         for d, (arg_list, inner) in enumerate(zip(args_per_device, frame.inner_args)):
             if len(arg_list) != num_args:
                 raise ValueError(
@@ -422,35 +444,40 @@ class Executable(OwnedHandle):
             args.execute_device = client._resolve_device(device)._ptr
         elif args.execute_device:
             args.execute_device = ffi.NULL
-        frame.options.launch_id = self._next_launch_id()
+        frame.options.launch_id = next(self._launch_ids or self._start_launch_ids()) % _LAUNCH_IDS
         self._lib.call("PJRT_LoadedExecutable_Execute", args)
         outputs = [
             [Buffer(client, inner[i], shape, dtype, plan, wait) for i, (shape, dtype, plan) in enumerate(template)]
             for inner in frame.inner_outputs
         ]
         if wait:
-            self._await_devices(frame.events, outputs, device)
-        if "output_plans" not in self._facts and outputs:  # an output's memory and layout never change
-            try:
-                self._facts["output_plans"] = [buf.read_plan() for buf in outputs[0]]
-            except ClientClosedError:  # closed by another thread, which waits for this call: ask next time
-                pass
+            self._await_devices(frame, outputs, device)
+        if frame.template is None and outputs:
+            self._learn_output_plans(frame, outputs[0])
         return outputs
 
-    def _next_launch_id(self) -> int:
-        """A new ``launch_id`` for each execution, as JAX numbers them.
+    def _learn_output_plans(self, frame: _ExecuteFrame, outputs: list[Buffer]) -> None:
+        """Ask how each output is read once (an output's memory and layout never change)."""
+        if "output_plans" not in self._facts:
+            try:
+                self._facts["output_plans"] = [buf.read_plan() for buf in outputs]
+            except ClientClosedError:  # closed by another thread, which waits for this call: ask next time
+                pass
+
+    def _start_launch_ids(self) -> Iterator[int]:
+        """The ``launch_id`` numbering of this executable: one new id per execution, as JAX numbers them.
 
         It names the run in the plugin's collective rendezvous keys (``RunId``); starting
         from the executable's fingerprint keeps the numbering the same in every process
         that runs the same programs in the same order.
         """
-        ids = self._launch_ids
-        if ids is None:
-            fingerprint = self.fingerprint
-            ids = self._launch_ids = itertools.count(zlib.crc32(fingerprint.encode()) if fingerprint else 0)
-        return next(ids) % _LAUNCH_IDS
+        fingerprint = self.fingerprint
+        with _launch_ids_lock:  # executes starting at once on several threads share one numbering
+            if self._launch_ids is None:
+                self._launch_ids = itertools.count(zlib.crc32(fingerprint.encode()) if fingerprint else 0)
+            return self._launch_ids
 
-    def _await_devices(self, events: Any, outputs: list[list[Buffer]], device: Device | int | None) -> None:
+    def _await_devices(self, frame: _ExecuteFrame, outputs: list[list[Buffer]], device: Device | int | None) -> None:
         """Wait for every device's complete event; raise the first error, releasing the outputs.
 
         Interrupted (Ctrl-C) or past the client's bounds, the execution stays in the plugin,
@@ -459,9 +486,10 @@ class Executable(OwnedHandle):
         """
         client = self._client
         waiter: EventWait | None = None
+        events = frame.events
         events = [events[d] for d in range(len(outputs))]
         try:
-            errors = errors_if_ready(self._lib, events, "PJRT_LoadedExecutable_Execute")
+            errors = errors_if_ready(self._lib, events, "PJRT_LoadedExecutable_Execute", frame.ready_events)
             if errors is None:
                 waiter = EventWait(self._lib, events, "PJRT_LoadedExecutable_Execute")
                 errors = waiter.wait(client.execute_timeout, client.stall_timeout)

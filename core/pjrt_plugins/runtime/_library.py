@@ -10,13 +10,14 @@ its live static state crashes the process at exit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
 from ..errors import (
@@ -35,6 +36,7 @@ from ._elf import check_shared_library
 from ._named_values import decode_named_values
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _MAX_EXTENSIONS = 256
 _load_lock = threading.Lock()
@@ -79,24 +81,42 @@ def new_args(struct: str) -> Any:
     return args
 
 
-_scratch = threading.local()
+class Pool(Generic[T]):
+    """Reusable objects for hot paths (args structs, sets of them): ``item = pool.take()``, use it,
+    ``pool.give(item)``; saves an allocation per call.
 
-
-def scratch_args(struct: str) -> Any:
-    """A per-thread reusable ``struct*`` for hot-path queries (saves an allocation per call).
-
-    Only for args structs no finalizer uses: a garbage collection between filling the
-    struct and the call may run ``__del__`` of a Buffer on this thread, and that must not
-    refill the same struct. Destroy and event functions therefore use :func:`new_args`.
+    A free list: ``pop`` and ``append`` are atomic under the GIL, so an item that was taken
+    belongs to its taker until given back; another thread, or a finalizer (``__del__`` of a
+    Buffer run by a garbage collection) that interrupts the taker on its own thread, takes
+    another one or makes a new one. An item not given back (an exception) is simply dropped.
+    Finalizers may use pools of the args structs listed in ``_FINALIZER_STRUCTS``.
     """
-    try:
-        cache = _scratch.cache
-    except AttributeError:
-        cache = _scratch.cache = {}
-    args = cache.get(struct)
-    if args is None:
-        args = cache[struct] = new_args(struct)
-    return args
+
+    __slots__ = ("_make", "_free")
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._free: list[T] = []
+
+    def take(self) -> T:
+        try:
+            return self._free.pop()
+        except IndexError:
+            return self._make()
+
+    def give(self, item: T) -> None:
+        self._free.append(item)
+
+
+_pools: dict[str, Pool[Any]] = {}
+
+
+def args_pool(struct: str) -> Pool[Any]:
+    """The process-wide :class:`Pool` of ``struct`` args (e.g. ``"PJRT_Event_IsReady_Args"``)."""
+    pool = _pools.get(struct)
+    if pool is None:
+        pool = _pools.setdefault(struct, Pool(functools.partial(new_args, struct)))
+    return pool
 
 
 def unpack_text(pointer: Any, size: int) -> str:
@@ -270,7 +290,7 @@ class Library:
         Raises :class:`UnsupportedFunctionError` (naming the function, the plugin's version
         and the version that added it) when the plugin does not provide it.
         """
-        return self._fn(name)
+        return self._fns.get(name) or self._fn(name)
 
     def _fn(self, name: str) -> Any:
         fn = self._fns.get(name)
@@ -402,17 +422,27 @@ class Library:
         if errors[0] is not None:
             raise errors[0]
 
-    # event_is_ready and destroy_event run on every upload: filled by hand, not through invoke().
+    # event_is_ready and destroy_event run on every upload: pooled structs, filled by hand, not
+    # through invoke().
     def event_is_ready(self, event: Any) -> bool:
-        args = new_args("PJRT_Event_IsReady_Args")
+        pool = _IS_READY
+        args = pool.take()
         args.event = event
-        self.call("PJRT_Event_IsReady", args)
-        return bool(args.is_ready)
+        err = (self._fns.get("PJRT_Event_IsReady") or self._fn("PJRT_Event_IsReady"))(args)
+        if err:
+            raise self.error_to_exception(err, "PJRT_Event_IsReady")
+        ready = bool(args.is_ready)
+        pool.give(args)
+        return ready
 
     def destroy_event(self, event: Any) -> None:
-        args = new_args("PJRT_Event_Destroy_Args")
+        pool = _DESTROY_EVENT
+        args = pool.take()
         args.event = event
-        self.call("PJRT_Event_Destroy", args)
+        err = (self._fns.get("PJRT_Event_Destroy") or self._fn("PJRT_Event_Destroy"))(args)
+        if err:
+            raise self.error_to_exception(err, "PJRT_Event_Destroy")
+        pool.give(args)
 
     # -- initialize and attributes ---------------------------------------------------
 
@@ -501,5 +531,8 @@ class Library:
     def __repr__(self) -> str:
         return f"<pjrt Library {self.path!r} API {version_text(self.api_version)}>"
 
+
+_IS_READY = args_pool("PJRT_Event_IsReady_Args")
+_DESTROY_EVENT = args_pool("PJRT_Event_Destroy_Args")
 
 from . import _events  # noqa: E402 - last: _events uses new_args from this module
