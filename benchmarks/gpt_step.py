@@ -19,7 +19,9 @@ Peers run in worker processes (one XLA runtime per process); rounds interleave s
 every side alike, and the load average is printed. ``--sweep 1,2,4,...`` measures ours and PyTorch/XLA
 at each depth and reports the per-layer slope of the step time and of the tracing overhead.
 
-Run: python benchmarks/gpt_step.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5]
+``--fused`` gives ours and eager torch ``AdamW(fused=True)`` (PyTorch/XLA keeps its foreach path).
+
+Run: python benchmarks/gpt_step.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5] [--fused]
      [--torch-xla-python PATH] [--sweep 1,2,4,8,16,32]
 """
 
@@ -176,7 +178,7 @@ def torch_model(cfg: Config):
 class TorchSide:
     """One torch training loop: eager CPU, ours (``pjrt``) or PyTorch/XLA (``xla``)."""
 
-    def __init__(self, cfg: Config, kind: str) -> None:
+    def __init__(self, cfg: Config, kind: str, fused: bool = False) -> None:
         import torch
 
         self.torch, self.kind = torch, kind
@@ -206,7 +208,7 @@ class TorchSide:
         else:
             self.model, self.idx, self.tgt = model, idx, tgt
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS,
-                                     weight_decay=WEIGHT_DECAY)
+                                     weight_decay=WEIGHT_DECAY, fused=fused or None)
         self.loss = None
         self.run(2)  # the first step creates the optimizer state, the second is the steady-state program
 
@@ -375,7 +377,8 @@ def _load() -> str:
 
 def compare(cfg: Config, args: argparse.Namespace) -> None:
     """The step of every side at one size, interleaved, with our split."""
-    print(f"GPT d_model {cfg.d_model}, {cfg.layers} layers, vocab {VOCAB}, batch {BATCH}x{SEQ}, AdamW, "
+    print(f"GPT d_model {cfg.d_model}, {cfg.layers} layers, vocab {VOCAB}, batch {BATCH}x{SEQ}, "
+          f"AdamW{' (fused=True for ours and eager)' if args.fused else ''}, "
           f"mesh (2, 4), 8 CPU devices; {os.cpu_count()} cpus, {_load()}", flush=True)
     import torch
 
@@ -392,9 +395,9 @@ def compare(cfg: Config, args: argparse.Namespace) -> None:
             peers["jax"] = JaxWorker(__file__, cfg.args(), devices=8)
             print(f"jax {peers['jax'].info['version']} ready in {time.perf_counter() - t0:.1f} s", flush=True)
         t0 = time.perf_counter()
-        ours = TorchSide(cfg, "pjrt")
+        ours = TorchSide(cfg, "pjrt", args.fused)
         print(f"ours ready in {time.perf_counter() - t0:.1f} s (two steps traced, compiled, run)", flush=True)
-        eager = TorchSide(cfg, "cpu")
+        eager = TorchSide(cfg, "cpu", args.fused)
         results: dict[str, dict[str, list]] = {}
 
         def add(name: str, r: dict) -> None:
@@ -523,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-xla-python", default=os.environ.get("TORCH_XLA_PYTHON"),
                         help="an interpreter with torch_xla 2.9 (default: $TORCH_XLA_PYTHON; none: skip it)")
     parser.add_argument("--no-jax", action="store_true", help="skip the jax side")
+    parser.add_argument("--fused", action="store_true",
+                        help="AdamW(fused=True) for ours and eager torch (one recorded op per optimizer step)")
     parser.add_argument("--sweep", default=None, help="comma-separated depths: run the depth sweep instead")
     parser.add_argument("--jax-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)

@@ -10,7 +10,7 @@ the result wrappers: no graph, no lowering, no execution, no check that the step
 The table gives both per traced op of ours (the issue's unit) and per ``__torch_dispatch__`` call;
 rounds interleave and the load is printed.
 
-Run: python benchmarks/tracing_floor.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5]
+Run: python benchmarks/tracing_floor.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5] [--fused]
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def floor_tensor_type() -> type:
 class FloorSide:
     """The GPT step of ``gpt_step.py`` on :func:`floor_tensor_type` tensors (forward, backward, AdamW)."""
 
-    def __init__(self, cfg: gpt_step.Config) -> None:
+    def __init__(self, cfg: gpt_step.Config, fused: bool = False) -> None:
         import pjrt_plugins.spmd  # noqa: F401  (makes "pjrt" a torch device)
         import torch
 
@@ -112,7 +112,7 @@ class FloorSide:
         self.idx = self.cls((gpt_step.BATCH, gpt_step.SEQ), torch.int64)
         self.tgt = self.cls((gpt_step.BATCH, gpt_step.SEQ), torch.int64)
         self.opt = torch.optim.AdamW(model.parameters(), lr=gpt_step.LR, betas=gpt_step.BETAS, eps=gpt_step.EPS,
-                                     weight_decay=gpt_step.WEIGHT_DECAY)
+                                     weight_decay=gpt_step.WEIGHT_DECAY, fused=fused or None)
         self.run(2)
 
     def run(self, steps: int) -> dict:
@@ -136,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="steps per round and side")
+    parser.add_argument("--fused", action="store_true", help="AdamW(fused=True) on both sides")
     args = parser.parse_args(argv)
     cfg = gpt_step.Config(args.d_model, args.layers)
-    print(f"GPT d_model {cfg.d_model}, {cfg.layers} layers (gpt_step.py's step); {os.cpu_count()} cpus, "
+    print(f"GPT d_model {cfg.d_model}, {cfg.layers} layers (gpt_step.py's step"
+          f"{', AdamW(fused=True)' if args.fused else ''}); {os.cpu_count()} cpus, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    ours, floor = gpt_step.TorchSide(cfg, "pjrt"), FloorSide(cfg)
+    ours, floor = gpt_step.TorchSide(cfg, "pjrt", args.fused), FloorSide(cfg, args.fused)
     results: dict[str, dict[str, list]] = {"ours": {}, "floor": {}}
     for r in range(args.rounds):
         for name, side in (("ours", ours), ("floor", floor)):
