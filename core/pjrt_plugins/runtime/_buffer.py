@@ -17,7 +17,7 @@ from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableEr
 from ._cdef import STRUCT_SIZE, ffi
 from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
 from ._inflight import OwnedHandle
-from ._library import Pool, args_pool, new_args
+from ._library import args_pool, new_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client, Device, Memory
@@ -86,55 +86,78 @@ _DIRECT_FUNCTIONS = (
 _pin_lock = threading.RLock()
 
 
-class _PinStructs:
-    """The args structs of pinning a buffer in host memory; one user at a time (from ``_pin_structs``)."""
+class _Pinning:
+    """Pins buffers in host memory (an external reference keeps the plugin from moving or reusing
+    their bytes), with its own args structs and the library's functions bound once.
 
-    __slots__ = ("hold", "where", "unhold")
+    One user at a time: taken from the library's pool (``lib.pool(_Pinning)``).
+    """
 
-    def __init__(self) -> None:
-        self.hold = new_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
-        self.where = new_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
-        self.unhold = new_args("PJRT_Buffer_DecreaseExternalReferenceCount_Args")
+    __slots__ = ("_lib", "_hold", "_where", "_unhold", "_hold_fn", "_where_fn", "_unhold_fn")
 
-    def pin(self, lib: Any, ptr: Any) -> Any:
-        """Take an external reference on a buffer in host memory (the plugin keeps its bytes in
-        place until :meth:`unpin`); returns the address of the bytes."""
-        hold = self.hold
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        self._hold = new_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
+        self._where = new_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
+        self._unhold = new_args("PJRT_Buffer_DecreaseExternalReferenceCount_Args")
+        self._hold_fn = lib.function("PJRT_Buffer_IncreaseExternalReferenceCount")
+        self._where_fn = lib.function("PJRT_Buffer_OpaqueDeviceMemoryDataPointer")
+        self._unhold_fn = lib.function("PJRT_Buffer_DecreaseExternalReferenceCount")
+
+    def pin(self, ptr: Any) -> Any:
+        """Take an external reference on the buffer ``ptr`` (until :meth:`unpin`); returns the
+        address of its bytes."""
+        hold = self._hold
         hold.buffer = ptr
-        lib.call("PJRT_Buffer_IncreaseExternalReferenceCount", hold)
-        try:
-            where = self.where
-            where.buffer = ptr
-            lib.call("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", where)
-            return where.device_memory_ptr
-        except BaseException:
-            self.unpin(lib, ptr)
-            raise
+        err = self._hold_fn(hold)
+        if err:
+            raise self._lib.error_to_exception(err, "PJRT_Buffer_IncreaseExternalReferenceCount")
+        where = self._where
+        where.buffer = ptr
+        err = self._where_fn(where)
+        if err:
+            try:
+                raise self._lib.error_to_exception(err, "PJRT_Buffer_OpaqueDeviceMemoryDataPointer")
+            finally:
+                self.unpin(ptr)
+        return where.device_memory_ptr
 
-    def unpin(self, lib: Any, ptr: Any) -> None:
+    def unpin(self, ptr: Any) -> None:
         """Drop the external reference :meth:`pin` took."""
-        unhold = self.unhold
+        unhold = self._unhold
         unhold.buffer = ptr
-        lib.call("PJRT_Buffer_DecreaseExternalReferenceCount", unhold)
+        err = self._unhold_fn(unhold)
+        if err:
+            raise self._lib.error_to_exception(err, "PJRT_Buffer_DecreaseExternalReferenceCount")
 
-
-_pin_structs: Pool[_PinStructs] = Pool(_PinStructs)
+    def copy(self, ptr: Any, out: np.ndarray) -> np.ndarray:
+        """Copy the bytes of the buffer ``ptr`` into the C-contiguous ``out``, pinned meanwhile."""
+        address = self.pin(ptr)
+        try:
+            if out.nbytes:
+                ffi.memmove(out, address, out.nbytes)
+        finally:
+            self.unpin(ptr)
+        return out
 
 
 def _pin(lib: Any, ptr: Any) -> Any:
-    """Pin a buffer in host memory and return the address of its bytes (see :meth:`_PinStructs.pin`).
+    """Pin a buffer in host memory and return the address of its bytes (see :meth:`_Pinning.pin`).
     Call with ``_pin_lock`` held or within a counted call on the buffer."""
-    structs = _pin_structs.take()
-    address = structs.pin(lib, ptr)
-    _pin_structs.give(structs)
+    pool = lib.pool(_Pinning)
+    pinning = pool.take()
+    address = pinning.pin(ptr)
+    pool.give(pinning)
     return address
 
 
 def _unpin(lib: Any, ptr: Any) -> None:
-    """Drop the external reference :func:`_pin` took (finalizers call it)."""
-    structs = _pin_structs.take()
-    structs.unpin(lib, ptr)
-    _pin_structs.give(structs)
+    """Drop the external reference :func:`_pin` took (finalizers call it: the pool made its
+    structs' types known before any pin existed)."""
+    pool = lib.pool(_Pinning)
+    pinning = pool.take()
+    pinning.unpin(ptr)
+    pool.give(pinning)
 
 
 _READY_EVENT = args_pool("PJRT_Buffer_ReadyEvent_Args")
@@ -374,7 +397,11 @@ class Buffer(OwnedHandle):
     def __del__(self) -> None:
         try:
             if self._ptr is not None:
-                self._release(implicit=True)
+                if self._pins:
+                    self._release(implicit=True)
+                else:  # unreferenced and not viewed: no call uses it, nobody can take a pin now
+                    self._ptr = None
+                    self._free_now()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
@@ -496,11 +523,12 @@ class Buffer(OwnedHandle):
         """
         ptr = self._begin()
         try:
-            shape, dtype = self._shape, self._dtype
-            if out is None and self._plan is _DIRECT and shape is not None and dtype is not None:
-                out = np.empty(shape, dtype)  # the hot path: a small row-major buffer in host memory
-                if out.nbytes <= DIRECT_READ_MAX_BYTES:
-                    return self._read_direct(ptr, out)
+            if out is None and self._plan is _DIRECT:  # the hot path: a small row-major buffer in host memory
+                shape, dtype = self._shape, self._dtype
+                if shape is not None and dtype is not None:
+                    out = np.empty(shape, dtype)
+                    if out.nbytes <= DIRECT_READ_MAX_BYTES:
+                        return self._read_direct(ptr, out)
             return self._to_numpy(ptr, out)
         finally:
             self._end()
@@ -544,16 +572,12 @@ class Buffer(OwnedHandle):
 
         Runs within a counted call, so a concurrent ``delete()`` or ``close()`` frees nothing before it ends.
         """
-        self._await_ready(ptr)
-        lib = self._lib
-        structs = _pin_structs.take()
-        address = structs.pin(lib, ptr)
-        try:
-            if out.nbytes:
-                ffi.memmove(out, address, out.nbytes)
-        finally:
-            structs.unpin(lib, ptr)
-        _pin_structs.give(structs)
+        if not self._ready:
+            self._await_ready(ptr)
+        pool = self._lib.pool(_Pinning)
+        pinning = pool.take()
+        pinning.copy(ptr, out)
+        pool.give(pinning)
         return out
 
     def host_view(self) -> np.ndarray:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PjrtError
 from ._cdef import ffi
-from ._library import Pool, new_args
+from ._library import new_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._library import Library
@@ -54,71 +54,69 @@ class WaitExpired(TimeoutError):
 
 
 class ReadyEvents:
-    """Args structs to finish events that are ready now: ``PJRT_Event_IsReady``, then
-    ``PJRT_Event_Await`` (which returns at once on a ready event) and ``PJRT_Event_Destroy``.
+    """Finishes events that are ready now: ``PJRT_Event_IsReady``, then ``PJRT_Event_Await``
+    (which returns at once on a ready event) and ``PJRT_Event_Destroy``, with its own args
+    structs and the library's functions bound once.
 
-    One user at a time: an execute frame owns one, other waits take one from a pool.
+    One user at a time: an execute frame owns one, other waits take one from the library's
+    pool (``lib.pool(ReadyEvents)``).
     """
 
-    __slots__ = ("_is_ready", "_await", "_destroy")
+    __slots__ = ("_lib", "_is_ready", "_await", "_destroy", "_is_ready_fn", "_await_fn", "_destroy_fn")
 
-    def __init__(self) -> None:
+    def __init__(self, lib: Library) -> None:
+        self._lib = lib
         self._is_ready = new_args("PJRT_Event_IsReady_Args")
         self._await = new_args("PJRT_Event_Await_Args")
         self._destroy = new_args("PJRT_Event_Destroy_Args")
+        self._is_ready_fn = lib.function("PJRT_Event_IsReady")
+        self._await_fn = lib.function("PJRT_Event_Await")
+        self._destroy_fn = lib.function("PJRT_Event_Destroy")
 
-    def all_ready(self, lib: Library, events: Sequence[Any]) -> bool:
-        """Whether every event (NULL ones aside) is ready; PjrtError when the plugin cannot say."""
+    def errors(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
+        """The events' errors attributed to ``function``, destroying the events, if every one
+        (NULL ones aside) is ready now; else None, with nothing touched (also when the plugin
+        cannot say whether they are ready)."""
         args = self._is_ready
-        is_ready = lib.function("PJRT_Event_IsReady")
+        is_ready = self._is_ready_fn
         for event in events:
             if event:
                 args.event = event
                 err = is_ready(args)
-                if err:
-                    raise lib.error_to_exception(err, "PJRT_Event_IsReady")
+                if err:  # the plugin cannot say: the caller waits for callbacks instead
+                    self._lib.error_to_exception(err, "PJRT_Event_IsReady")  # read and destroyed
+                    return None
                 if not args.is_ready:
-                    return False
-        return True
+                    return None
+        return [self.finish(event, function) if event else None for event in events]
 
-    def finish(self, lib: Library, event: Any, function: str) -> PjrtError | None:
+    def finish(self, event: Any, function: str) -> PjrtError | None:
         """The error of a ready ``event`` attributed to ``function`` (None: it succeeded); destroys the event."""
         args = self._await
         args.event = event
         try:
-            err = lib.function("PJRT_Event_Await")(args)
-            return lib.error_to_exception(err, function) if err else None
+            err = self._await_fn(args)
+            return self._lib.error_to_exception(err, function) if err else None
         finally:
             destroy = self._destroy
             destroy.event = event
-            err = lib.function("PJRT_Event_Destroy")(destroy)
+            err = self._destroy_fn(destroy)
             if err:
-                raise lib.error_to_exception(err, "PJRT_Event_Destroy")
+                raise self._lib.error_to_exception(err, "PJRT_Event_Destroy")
 
 
-_ready_events: Pool[ReadyEvents] = Pool(ReadyEvents)  # for the waits that own none
-
-
-def errors_if_ready(
-    lib: Library, events: Sequence[Any], function: str, structs: ReadyEvents | None = None
-) -> list[PjrtError | None] | None:
+def errors_if_ready(lib: Library, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
     """The events' errors, destroying the events, if every one is ready now; else None (nothing touched).
 
     The fast path of every wait: a program the plugin ran inline, or a host copy it finished
     at once, costs one ``PJRT_Event_IsReady`` more than a blocking await and nothing else.
-    ``structs``: the caller's own :class:`ReadyEvents` (else one is taken from a pool).
     """
-    use = structs or _ready_events.take()
+    pool = lib.pool(ReadyEvents)
+    structs = pool.take()
     try:
-        try:
-            if not use.all_ready(lib, events):
-                return None
-        except PjrtError:  # the plugin cannot say: wait for callbacks instead
-            return None
-        return [use.finish(lib, event, function) if event else None for event in events]
+        return structs.errors(events, function)
     finally:
-        if structs is None:
-            _ready_events.give(use)
+        pool.give(structs)
 
 
 class EventWait:
@@ -235,9 +233,12 @@ class EventWait:
     def _await(self, index: int) -> None:
         """``PJRT_Event_Await`` on event ``index`` (ready: returns at once), then destroy it."""
         event, self._events[index] = self._events[index], None
-        structs = _ready_events.take()
-        self.errors[index] = structs.finish(self.lib, event, self.function)
-        _ready_events.give(structs)
+        pool = self.lib.pool(ReadyEvents)
+        structs = pool.take()
+        try:
+            self.errors[index] = structs.finish(event, self.function)
+        finally:
+            pool.give(structs)
 
     def _arm(self, index: int) -> None:
         """Register the callback on event ``index``, then destroy the event (the callback does not need it)."""

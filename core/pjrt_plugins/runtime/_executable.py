@@ -22,7 +22,7 @@ from ..errors import ClientClosedError, ExecutionStuckError, PjrtError, Unsuppor
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
-from ._events import EventWait, ReadyEvents, WaitExpired, errors_if_ready
+from ._events import EventWait, ReadyEvents, WaitExpired
 from ._inflight import OwnedHandle
 from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
@@ -41,6 +41,7 @@ _PROGRAM_SHAPE_PARAMETERS = 1
 _SHAPE_ELEMENT_TYPE = 2
 _SHAPE_DIMENSIONS = 3
 _LAUNCH_IDS = 2**31  # PJRT_ExecuteOptions.launch_id is a C int
+_EXECUTE = "PJRT_LoadedExecutable_Execute"
 _launch_ids_lock = threading.Lock()
 
 
@@ -67,20 +68,22 @@ class _ExecuteFrame:
     """
 
     __slots__ = (
-        "args", "options", "inner_args", "inner_outputs", "events", "ready_events", "waits", "arguments", "params",
-        "template", "pool", "_keep",
+        "args", "options", "inner_args", "inner_outputs", "events", "ready_events", "waits", "on_device",
+        "arguments", "num_args", "params", "template", "pool", "_keep",
     )
 
     def __init__(
-        self, loaded: Any, num_devices: int, num_args: int, num_outputs: int, params: Any, pool: list
+        self, lib: Any, loaded: Any, num_devices: int, num_args: int, num_outputs: int, params: Any, pool: list
     ) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
         self.inner_outputs = [ffi.new("PJRT_Buffer*[]", max(1, num_outputs)) for _ in range(num_devices)]
         argument_lists = ffi.new("PJRT_Buffer**[]", self.inner_args)
         output_lists = ffi.new("PJRT_Buffer**[]", self.inner_outputs)
         self.events = ffi.new("PJRT_Event*[]", num_devices)
-        self.ready_events = ReadyEvents()
+        self.ready_events = ReadyEvents(lib)
         self.arguments: Any = None  # the argument lists of the execute using this frame (see _inflight)
+        self.num_args = num_args
+        self.on_device = False  # execute_device is set
         self.params = params  # [(shape, dtype)] each argument list must match, or None
         self.template: Any = None  # the executable's output template once complete (see _output_template)
         self.pool = pool
@@ -339,6 +342,26 @@ class Executable(OwnedHandle):
         execution error as PjrtError; with ``wait=False`` errors surface when the outputs
         are read.
         """
+        loaded = self._begin()  # a counted call (see _inflight): delete() or close() elsewhere waits for it
+        try:
+            try:
+                frame = self._frames[len(args_per_device), len(args_per_device[0])].pop()
+            except (TypeError, IndexError, KeyError):  # a first execute of this shape, all in use, or bad lists
+                frame = self._new_frame(loaded, args_per_device)
+            frame.arguments = args_per_device
+            running = self._client._running
+            running.append(frame)  # before the arguments' handles are read: their delete() now waits too
+            try:
+                return self._execute(frame, args_per_device, device, wait)
+            finally:
+                running.remove(frame)
+                frame.arguments = None
+                frame.pool.append(frame)
+        finally:
+            self._end()
+
+    def _new_frame(self, loaded: Any, args_per_device: Sequence[Sequence[Buffer]]) -> _ExecuteFrame:
+        """A frame for the shape of ``args_per_device`` (checked here: the frame pools skip the check)."""
         if isinstance(args_per_device, Buffer) or (
             len(args_per_device) and isinstance(args_per_device[0], Buffer)
         ):
@@ -349,28 +372,9 @@ class Executable(OwnedHandle):
         if num_devices == 0:
             raise ValueError("execute() needs at least one argument list (one per device)")
         num_args = len(args_per_device[0])
-        loaded = self._begin()  # a counted call (see _inflight): delete() or close() elsewhere waits for it
-        try:
-            try:
-                frame = self._frames[(num_devices, num_args)].pop()
-            except (KeyError, IndexError):  # the first execute of this shape, or its frames are all in use
-                frame = self._new_frame(loaded, num_devices, num_args)
-            frame.arguments = args_per_device
-            running = self._client._running
-            running.append(frame)  # before the arguments' handles are read: their delete() now waits too
-            try:
-                return self._execute(frame, args_per_device, num_args, device, wait)
-            finally:
-                running.remove(frame)
-                frame.arguments = None
-                frame.pool.append(frame)
-        finally:
-            self._end()
-
-    def _new_frame(self, loaded: Any, num_devices: int, num_args: int) -> _ExecuteFrame:
         params = self._checked_parameters(num_args)  # raises for a wrong count: no frame is made for it
         pool = self._frames.setdefault((num_devices, num_args), [])
-        return _ExecuteFrame(loaded, num_devices, num_args, self.num_outputs, params, pool)
+        return _ExecuteFrame(self._lib, loaded, num_devices, num_args, self.num_outputs, params, pool)
 
     def _output_template(self, frame: _ExecuteFrame) -> list[tuple[Any, Any, Any]]:
         """``[(shape, dtype, read plan)]`` given to each new output buffer (None: ask later); kept
@@ -401,15 +405,11 @@ class Executable(OwnedHandle):
         return params
 
     def _execute(
-        self,
-        frame: _ExecuteFrame,
-        args_per_device: Sequence[Sequence[Buffer]],
-        num_args: int,
-        device: Device | int | None,
-        wait: bool,
+        self, frame: _ExecuteFrame, args_per_device: Sequence[Sequence[Buffer]], device: Device | int | None, wait: bool
     ) -> list[list[Buffer]]:
         client = self._client
         params = frame.params
+        num_args = frame.num_args
         # Facts are asked before the call: a delete() meanwhile cannot fail them.
         template = frame.template or self._output_template(frame)
         for d, (arg_list, inner) in enumerate(zip(args_per_device, frame.inner_args)):
@@ -421,11 +421,12 @@ class Executable(OwnedHandle):
             for i, buf in enumerate(arg_list):
                 if type(buf) is not Buffer and not isinstance(buf, Buffer):
                     raise TypeError(f"argument {i} for device {d} is a {type(buf).__name__}, not a Buffer")
-                if buf._client is not client:
-                    raise ValueError(f"argument {i} for device {d} belongs to another client")
                 ptr = buf._ptr
-                if ptr is None:
-                    raise ValueError(f"argument {i} for device {d} has been deleted")
+                if ptr is None or buf._client is not client:
+                    raise ValueError(
+                        f"argument {i} for device {d} "
+                        + ("has been deleted" if ptr is None else "belongs to another client")
+                    )
                 if params is not None:
                     shape, dtype = params[i]
                     if (buf._shape or buf.shape) != shape or (buf._dtype or buf.dtype) != dtype:
@@ -435,23 +436,39 @@ class Executable(OwnedHandle):
                         )
                 inner[i] = ptr
         args = frame.args
-        if frame.waits != wait:
+        if frame.waits is not wait:
             args.device_complete_events = frame.events if wait else ffi.NULL
             frame.waits = wait
         if device is not None:
             if len(args_per_device) != 1:
                 raise ValueError("execute(device=...) takes exactly one argument list")
             args.execute_device = client._resolve_device(device)._ptr
-        elif args.execute_device:
+            frame.on_device = True
+        elif frame.on_device:
             args.execute_device = ffi.NULL
+            frame.on_device = False
         frame.options.launch_id = next(self._launch_ids or self._start_launch_ids()) % _LAUNCH_IDS
         self._lib.call("PJRT_LoadedExecutable_Execute", args)
-        outputs = [
-            [Buffer(client, inner[i], shape, dtype, plan, wait) for i, (shape, dtype, plan) in enumerate(template)]
-            for inner in frame.inner_outputs
-        ]
+        outputs = []
+        for inner in frame.inner_outputs:
+            row = []
+            for i, (shape, dtype, plan) in enumerate(template):
+                row.append(Buffer(client, inner[i], shape, dtype, plan, wait))
+            outputs.append(row)
         if wait:
-            self._await_devices(frame, outputs, device)
+            events = frame.events
+            events = [events[d] for d in range(len(outputs))]
+            try:
+                errors = frame.ready_events.errors(events, _EXECUTE)
+            except BaseException:
+                _release(outputs)
+                raise
+            if errors is None:  # not done yet: wait, bounded and interruptible
+                errors = self._await_devices(events, outputs, device)
+            for error in errors:
+                if error is not None:
+                    _release(outputs)
+                    raise error
         if frame.template is None and outputs:
             self._learn_output_plans(frame, outputs[0])
         return outputs
@@ -477,34 +494,27 @@ class Executable(OwnedHandle):
                 self._launch_ids = itertools.count(zlib.crc32(fingerprint.encode()) if fingerprint else 0)
             return self._launch_ids
 
-    def _await_devices(self, frame: _ExecuteFrame, outputs: list[list[Buffer]], device: Device | int | None) -> None:
-        """Wait for every device's complete event; raise the first error, releasing the outputs.
+    def _await_devices(
+        self, events: list[Any], outputs: list[list[Buffer]], device: Device | int | None
+    ) -> list[PjrtError | None]:
+        """Wait for the device-complete ``events``; returns their errors.
 
         Interrupted (Ctrl-C) or past the client's bounds, the execution stays in the plugin,
         which cannot cancel it: the outputs are released, and the client keeps the wait so
         that ``close()`` does not block on the plugin's threads while it is pending.
         """
         client = self._client
-        waiter: EventWait | None = None
-        events = frame.events
-        events = [events[d] for d in range(len(outputs))]
+        waiter = EventWait(self._lib, events, _EXECUTE)
         try:
-            errors = errors_if_ready(self._lib, events, "PJRT_LoadedExecutable_Execute", frame.ready_events)
-            if errors is None:
-                waiter = EventWait(self._lib, events, "PJRT_LoadedExecutable_Execute")
-                errors = waiter.wait(client.execute_timeout, client.stall_timeout)
+            return waiter.wait(client.execute_timeout, client.stall_timeout)
         except BaseException as exc:
             _release(outputs)
-            if waiter is not None and not waiter.complete:
+            if not waiter.complete:
                 client._abandoned_executions.add(waiter)
                 waiter.when_complete(lambda: client._abandoned_executions.discard(waiter))
-            if isinstance(exc, WaitExpired) and waiter is not None:
+            if isinstance(exc, WaitExpired):
                 raise self._stuck_error(exc, waiter.pending, len(outputs), device) from None
             raise
-        first_error = next((error for error in errors if error is not None), None)
-        if first_error is not None:
-            _release(outputs)
-            raise first_error
 
     def _stuck_error(
         self, expired: WaitExpired, pending: list[int], num_devices: int, device: Device | int | None

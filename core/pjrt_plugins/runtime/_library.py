@@ -207,6 +207,7 @@ class Library:
         self._initialized = False
         self._attributes: dict[str, Any] | None = None
         self._error_message = self._error_get_code = self._error_destroy = None
+        self._pools: dict[Callable[[Library], Any], Pool[Any]] = {}
 
     # -- opening ---------------------------------------------------------------------
 
@@ -340,6 +341,13 @@ class Library:
         error.plugin_version = self.api_version
         error.added_in = (API_MAJOR, slot.added)
         return error
+
+    def pool(self, kind: Callable[[Library], T]) -> Pool[T]:
+        """This library's :class:`Pool` of ``kind(self)`` objects (args structs with its functions bound)."""
+        pool = self._pools.get(kind)
+        if pool is None:
+            pool = self._pools.setdefault(kind, Pool(functools.partial(kind, self)))
+        return pool
 
     def supports_field(self, struct: str, field: str) -> bool:
         """Whether a plugin of this version knows ``struct.field`` (appended fields)."""
