@@ -7,9 +7,9 @@ state only: it never transfers data or records ops itself.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import math
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -56,13 +56,9 @@ class TensorState(enum.Enum):
     LAZY = "lazy"
 
 
-_ids = iter(range(1, 1 << 62))
-_id_lock = threading.Lock()
-
-
-def _next_id() -> int:
-    with _id_lock:
-        return next(_ids)
+#: The next process-unique TensorData id. ``itertools.count``'s ``__next__`` runs in C without releasing the
+#: GIL, so two threads never get the same id; no lock needed on the tracer's hot path.
+_next_id = itertools.count(1).__next__
 
 
 class TensorData:
@@ -176,7 +172,7 @@ class TensorData:
         data.view_of = None
         base = value.base() if value.base is not None else None
         if base is not None:
-            data.make_view_of(base, value.view_op, value.view_args)
+            data.make_view_of(base, value.view)
         data.generation = 0
         data.id = _next_id()
         data.version = 1
@@ -233,7 +229,7 @@ class TensorData:
         base_ref = getattr(value, "base", None)
         base = base_ref() if base_ref is not None else None
         if base is not None and self.view_of is None:
-            self.make_view_of(base, value.view_op, value.view_args)
+            self.make_view_of(base, value.view)
         self.host = None
         self.buffers = None
         self.sharding = None
@@ -242,11 +238,16 @@ class TensorData:
         self.recipe = None
         self.version += 1
 
-    def make_view_of(self, base: TensorData, view_op: Any, view_args: tuple) -> None:
-        """Become for good the view ``view_op(base, *view_args)`` of ``base``, known to its root."""
-        root_ref, chain = base.view_of if base.view_of is not None else (weakref.ref(base), ())
+    def make_view_of(self, base: TensorData, links: tuple[tuple[Any, tuple], ...]) -> None:
+        """Become for good the view of ``base`` that ``links`` derive from it (``((view op, its arguments after
+        the tensor), ...)``), known to its root."""
+        if base.view_of is None:
+            root_ref, chain = weakref.ref(base), links  # the caller's tuple, kept as it is
+        else:
+            root_ref, chain = base.view_of
+            chain = (*chain, *links)
         root = root_ref()
-        self.view_of = (root_ref, (*chain, (view_op, tuple(view_args))))
+        self.view_of = (root_ref, chain)
         if root is None:
             return
         views = root.views

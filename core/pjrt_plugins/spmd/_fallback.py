@@ -142,7 +142,7 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
     if getattr(func, "is_view", False) and isinstance(result, tmod.XLAShardedTensor) and args \
             and isinstance(args[0], tmod.XLAShardedTensor):
         # A view (view_as_real, unfold, ...): linked to its base both ways, as a torch view is.
-        result._pjrt_data.make_view_of(args[0]._pjrt_data, func, _positional(func, args, kwargs)[1:])
+        result._pjrt_data.make_view_of(args[0]._pjrt_data, ((func, tuple(_positional(func, args, kwargs)[1:])),))
     return result
 
 

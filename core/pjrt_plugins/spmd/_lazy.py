@@ -78,22 +78,21 @@ _GETITEM = -1  # entry kind of one result of a multi-output operator: (_GETITEM,
 class LazyValue:
     """What ``TensorData.lazy`` holds: a value of a pending trace (``index``: its entry), and the base if it is a view.
 
-    ``view_op``/``view_args`` say how a new view was derived from ``base``; the TensorData
-    made for it keeps that link (``TensorData.view_of``) so that an in-place op on the view
-    can be written back into the base, and a write into the base reaches the view. ``keep_sharding`` is the
-    layout a tensor updated in place had before: its new value is pinned to it, so state
-    that lives across steps (parameters, optimizer buffers) keeps one layout and a
-    repeated step compiles once.
+    ``view`` says how a new view was derived from ``base``: a chain of one link ``((view op, its arguments
+    after the tensor),)``; the TensorData made for it keeps that link (``TensorData.view_of``) so that an
+    in-place op on the view can be written back into the base, and a write into the base reaches the view.
+    ``keep_sharding`` is the layout a tensor updated in place had before: its new value is pinned to it,
+    so state that lives across steps (parameters, optimizer buffers) keeps one layout and a repeated step
+    compiles once.
     """
 
-    __slots__ = ("trace", "index", "base", "view_op", "view_args", "keep_sharding")
+    __slots__ = ("trace", "index", "base", "view", "keep_sharding")
 
     def __init__(self, trace: _Trace, index: int) -> None:
         self.trace = trace
         self.index = index
         self.base: weakref.ref[TensorData] | None = None
-        self.view_op: Any = None
-        self.view_args: tuple = ()
+        self.view: tuple[tuple[Any, tuple]] | None = None
         self.keep_sharding: ShardingSpec | None = None
 
 
@@ -112,13 +111,22 @@ class _Input:
 
 
 class _Step:
-    """A node of the prefix tree of recorded entries: the output spec of the entry leading here."""
+    """A node of the prefix tree of recorded entries: the entry leading here and its output spec.
 
-    __slots__ = ("next", "out")
+    What depends only on the entry and its place is made once, on the miss, and shared by every trace
+    that passes here: the entry itself (a trace keeps the step's, so the equal tuples just built to find
+    the step die at once and leave nothing for the cyclic GC), the entries of a multi-output op's results
+    (``items``) and a view op's links to its base (``links``, see ``_view_links``).
+    """
 
-    def __init__(self, out: Any) -> None:
+    __slots__ = ("next", "out", "entry", "items", "links")
+
+    def __init__(self, out: Any, entry: tuple | None = None) -> None:
         self.next: dict[tuple, _Step] = {}
         self.out = out
+        self.entry = entry
+        self.items: list[tuple] | None = None
+        self.links: Any = None
 
 
 _root = _Step(None)
@@ -220,7 +228,7 @@ class _OpInfo:
 
     __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "is_view",
                  "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults", "random",
-                 "decomposition", "whole")
+                 "decomposition", "whole", "strided")
 
     def __init__(self, func: Any, op_id: int) -> None:
         self.func = func
@@ -253,6 +261,7 @@ class _OpInfo:
         # nor one whose floats would be run-time scalars (a decomposition cannot take those).
         self.whole = (self.decomposition is not None and not self.recordable and not self.foreach
                       and not self.lifts and not self.is_view and not _aliases_arguments(func))
+        self.strided = func in _STRIDED_OPS
 
 
 def _aliases_arguments(func: Any) -> bool:
@@ -326,15 +335,17 @@ def _spec_token(spec: ShardingSpec) -> int:
 
 _tensor_mod: Any = None
 _XST: Any = None  # the XLAShardedTensor class
+_wrap: Any = None  # tensor.wrap
 
 
 def _tensor_module() -> Any:
     """``spmd.tensor`` (imported late: it imports this module); cached, the tracer asks on every op."""
-    global _tensor_mod, _XST
+    global _tensor_mod, _XST, _wrap
     if _tensor_mod is None:
         from . import tensor
 
-        _tensor_mod, _XST = tensor, tensor.XLAShardedTensor
+        _XST, _wrap = tensor.XLAShardedTensor, tensor.wrap
+        _tensor_mod = tensor
     return _tensor_mod
 
 
@@ -442,10 +453,10 @@ def _append(trace: _Trace, entry: tuple, out: Any) -> int:
     global _steps
     step = trace.cursor.next.get(entry)
     if step is None:
-        step = trace.cursor.next[entry] = _Step(out)
+        step = trace.cursor.next[entry] = _Step(out, entry)
         _steps += 1
     trace.cursor = step
-    trace.entries.append(entry)
+    trace.entries.append(step.entry)
     trace.outs.append(step.out)
     return len(trace.entries) - 1
 
@@ -512,7 +523,7 @@ def _meta_kwargs(kwargs: dict) -> dict:
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``func(*args, **kwargs)`` on pjrt tensors; returns pjrt tensors holding pending values."""
     info = _op_infos.get(id(func)) or _op_info(func)
-    if func in _STRIDED_OPS:
+    if info.strided:
         _refuse_strided_view(info, args)
     if kwargs:
         refuse_generator(func, kwargs)
@@ -748,41 +759,69 @@ def _record(info: _OpInfo, args: tuple, kwargs: dict, wrap: bool = True, whole: 
     if _XST is None:
         _tensor_module()
     lift = info.lifts and _lifts_here(args, kwargs)
-    entry = (info.id, tuple([_key(trace, a, lift) for a in args]),
-             tuple([(k, _key(trace, v, lift)) for k, v in kwargs.items()]) if kwargs else ())
+    keys = []
+    for a in args:  # _key, with its most common case (a tensor of this trace) inline
+        if type(a) is _XST:
+            data = a._pjrt_data
+            value = data.lazy
+            keys.append(value.index if value is not None and value.trace is trace and data.state is _LAZY
+                        else _ref(trace, data))
+        else:
+            keys.append(_key(trace, a, lift))
+    entry = (info.id, tuple(keys), tuple([(k, _key(trace, v, lift)) for k, v in kwargs.items()]) if kwargs else ())
     cursor = trace.cursor
     step = cursor.next.get(entry)
     if step is None:
-        step = _Step(_whole_spec(info, args, kwargs) if whole else _output_spec(info, args, kwargs))
+        step = _Step(_whole_spec(info, args, kwargs) if whole else _output_spec(info, args, kwargs), entry)
         cursor.next[entry] = step
         _steps += 1
     trace.cursor = step
     entries, outs = trace.entries, trace.outs
     index = len(entries)
     out = step.out
-    entries.append(entry)
+    entries.append(step.entry)
     outs.append(out)
     trace.ops += 1
     if info.random:  # its numbers are a function of the device RNG state now (what fork_rng/checkpoint restore)
         trace.rng.append(next_rng_key())
+    views = _view_links(step, info, args, kwargs) if info.is_view and args and isinstance(args[0], _XST) else None
     if out[0] == "T":
         value = LazyValue(trace, index)
-        if info.is_view and args and isinstance(args[0], _XST):
-            value.base, value.view_op, value.view_args = weakref.ref(args[0]._pjrt_data), info.func, tuple(args[1:])
+        if views is not None:
+            value.base, value.view = weakref.ref(args[0]._pjrt_data), views
         return _wrap_value(trace, value, out) if wrap else value
-    pieces = _piece_views(info, args, kwargs, out[1]) if info.is_view and args and isinstance(args[0], _XST) else None
+    items = step.items
+    if items is None:
+        items = step.items = [(_GETITEM, index, i) for i in range(len(out[1]))]  # the step fixes index
     results = []
     for i, item in enumerate(out[1]):
         if item[0] == "N":
             results.append(None)
             continue
         value = LazyValue(trace, len(entries))
-        entries.append((_GETITEM, index, i))
+        entries.append(items[i])
         outs.append(item)
-        if pieces is not None:
-            value.base, (value.view_op, value.view_args) = weakref.ref(args[0]._pjrt_data), pieces[i]
+        if views is not None:
+            value.base, value.view = weakref.ref(args[0]._pjrt_data), views[i]
         results.append(_wrap_value(trace, value, item) if wrap else value)
     return results if out[0] == "L" else tuple(results)
+
+
+def _view_links(step: _Step, info: _OpInfo, args: tuple, kwargs: dict) -> Any:
+    """How the view op's result derives from ``args[0]``: ``((op, arguments after the tensor),)``; for an op
+    returning several views, a list of those, one per piece. Kept in the op's step when no tensor is among
+    those arguments (equal entries then mean equal arguments), so a cache hit builds none of it."""
+    links = step.links
+    if links is not None:
+        return links
+    out = step.out
+    if out[0] == "T":
+        links = ((info.func, tuple(args[1:])),)
+    else:
+        links = [(piece,) for piece in _piece_views(info, args, kwargs, out[1])]
+    if not any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args[1:], kwargs))):
+        step.links = links
+    return links
 
 
 def _piece_views(info: _OpInfo, args: tuple, kwargs: dict, items: Sequence[Any]) -> list[tuple[Any, tuple]]:
@@ -807,7 +846,7 @@ def _piece_views(info: _OpInfo, args: tuple, kwargs: dict, items: Sequence[Any])
 def _wrap_value(trace: _Trace, value: LazyValue, out: Any) -> Any:
     data = TensorData.pending(out[1], out[2], value)
     trace.values.append(weakref.ref(data))
-    return _tensor_mod.wrap(data)
+    return _wrap(data)
 
 
 def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:

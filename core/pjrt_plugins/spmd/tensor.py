@@ -54,30 +54,8 @@ class XLAShard:
         return self.data[tuple(slice(0, s.stop - s.start) for s in self.indices)]
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(int(size), 1)
-    return tuple(reversed(strides))
-
-
-#: shape -> contiguous strides: every traced op makes a tensor object, mostly of a few shapes.
-_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def _new_wrapper(data: TensorData, requires_grad: bool, cls: type | None = None) -> XLAShardedTensor:
-    strides = _strides.get(data.shape)
-    if strides is None:
-        if len(_strides) > 4096:
-            _strides.clear()
-        strides = _strides[data.shape] = _contiguous_strides(data.shape)
-    r = torch.Tensor._make_wrapper_subclass(
-        cls or XLAShardedTensor, data.shape, strides=strides, dtype=data.dtype, device=_device.TORCH_DEVICE,
-        requires_grad=requires_grad,
-    )
-    r._pjrt_data = data
-    return r
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+_TORCH_DEVICE = _device.TORCH_DEVICE
 
 
 class XLAShardedTensor(torch.Tensor):
@@ -114,7 +92,7 @@ class XLAShardedTensor(torch.Tensor):
             data = TensorData.from_host(elem)
         else:
             raise TypeError(f"XLAShardedTensor wraps a tensor, got {type(elem).__name__}")
-        return _new_wrapper(data, requires_grad, cls)
+        return wrap(data, requires_grad, cls)
 
     # -- what PyTorch/XLA users read -------------------------------------------------------
 
@@ -239,8 +217,9 @@ class XLAShardedTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         try:
-            kwargs = kwargs or {}
-            handler = _HANDLERS.get(func)
+            if kwargs is None:
+                kwargs = {}
+            handler = _HANDLERS_BY_ID.get(id(func))  # by id: an OpOverload's __hash__ is Python code
             if handler is not None:
                 result = handler(func, args, kwargs)
                 if result is not NotImplemented:
@@ -304,9 +283,16 @@ _join_foreach_types()
 # -- wrapping ------------------------------------------------------------------------------
 
 
-def wrap(data: TensorData, requires_grad: bool = False) -> XLAShardedTensor:
-    """A new wrapper (tensor object) for ``data``; wrappers of the same data alias each other."""
-    return _new_wrapper(data, requires_grad)
+def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None) -> XLAShardedTensor:
+    """A new wrapper (tensor object, of ``cls``, a subclass) for ``data``; wrappers of the same data alias each other.
+
+    Every traced op makes one. No strides given: torch makes the contiguous ones (in C, cheaper than passing
+    them), which is what a pjrt tensor reports.
+    """
+    r = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=_TORCH_DEVICE,
+                      requires_grad=requires_grad)
+    r._pjrt_data = data
+    return r
 
 
 def unwrap(tensor: torch.Tensor) -> TensorData:
@@ -370,12 +356,15 @@ def _contents_changed(data: TensorData) -> None:
 
 Handler = Callable[[Any, tuple, dict], Any]
 _HANDLERS: dict[Any, Handler] = {}
+#: id(op) -> handler (the ops are kept alive by ``_HANDLERS``, so their ids stay theirs).
+_HANDLERS_BY_ID: dict[int, Handler] = {}
 
 
 def _handles(*ops: Any) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         for op in ops:
             _HANDLERS[op] = fn
+            _HANDLERS_BY_ID[id(op)] = fn
         return fn
 
     return register
