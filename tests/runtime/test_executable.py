@@ -177,6 +177,7 @@ def test_execute_without_waiting(client8, add):
 
 def test_execution_errors_are_exceptions(client8, add):
     x = client8.buffer_from_host(f32([1, 2, 3, 4]))
+    add.execute([[x, x]])  # a pooled frame of this shape exists now: it must not skip a check
     with pytest.raises(ValueError, match="takes 2 argument"):
         add.execute([[x]])
     with pytest.raises(TypeError, match="expects float32\\[4\\]"):
@@ -193,6 +194,11 @@ def test_execution_errors_are_exceptions(client8, add):
         add.execute([[x, gone]])
     with pytest.raises(ValueError, match="same number of arguments"):
         add.execute([[x, x], [x]])
+    with pytest.raises(ValueError, match="another client"):
+        with Client(client8.library) as other:
+            add.execute([[x, other.buffer_from_host(f32([1, 2, 3, 4]))]])
+    [[out]] = add.execute([[x, x]])  # the frames given back after each failure still work
+    np.testing.assert_array_equal(out.to_numpy(), [2, 4, 6, 8])
 
 
 def test_plugin_side_execution_error(client8, add):

@@ -429,11 +429,9 @@ class Executable(OwnedHandle):
                     )
                 if params is not None:
                     shape, dtype = params[i]
-                    if (buf._shape or buf.shape) != shape or (buf._dtype or buf.dtype) != dtype:
-                        raise TypeError(
-                            f"argument {i} for device {d} is {buf.dtype}{list(buf.shape)}, but the program "
-                            f"expects {dtype}{list(shape)} there"
-                        )
+                    known = buf._dtype  # a dtype is falsy (no fields): compare, never `or`
+                    if buf._shape != shape or (known is not dtype and known != dtype):
+                        _check_argument(buf, shape, dtype, i, d)  # facts not asked yet, or a mismatch
                 inner[i] = ptr
         args = frame.args
         if frame.waits is not wait:
@@ -456,19 +454,17 @@ class Executable(OwnedHandle):
                 row.append(Buffer(client, inner[i], shape, dtype, plan, wait))
             outputs.append(row)
         if wait:
-            events = frame.events
-            events = [events[d] for d in range(len(outputs))]
+            events = frame.events[0 : len(outputs)]
             try:
                 errors = frame.ready_events.errors(events, _EXECUTE)
             except BaseException:
                 _release(outputs)
                 raise
             if errors is None:  # not done yet: wait, bounded and interruptible
-                errors = self._await_devices(events, outputs, device)
-            for error in errors:
-                if error is not None:
-                    _release(outputs)
-                    raise error
+                errors = self._await_devices(list(events), outputs, device)
+            if any(errors):
+                _release(outputs)
+                raise next(error for error in errors if error is not None)
         if frame.template is None and outputs:
             self._learn_output_plans(frame, outputs[0])
         return outputs
@@ -551,6 +547,15 @@ class Executable(OwnedHandle):
         if self.is_deleted:
             return "<pjrt Executable (deleted)>"
         return f"<pjrt Executable {self.name!r} outputs={self.num_outputs}>"
+
+
+def _check_argument(buf: Buffer, shape: tuple[int, ...], dtype: np.dtype, i: int, d: int) -> None:
+    """Raise TypeError unless argument ``i`` for device ``d`` has the ``shape`` and ``dtype`` the program expects."""
+    if buf.shape != shape or buf.dtype != dtype:
+        raise TypeError(
+            f"argument {i} for device {d} is {buf.dtype}{list(buf.shape)}, but the program "
+            f"expects {dtype}{list(shape)} there"
+        )
 
 
 def _release(outputs: list[list[Buffer]]) -> None:
