@@ -1,9 +1,10 @@
 """torch's fused optimizers (``fused=True``) on pjrt tensors (issue 16: one traced op for a whole parameter list).
 
-Adam and AdamW record one ``pjrt::adam_step`` per step and give the numbers of torch's own fused CPU
-kernel; a changing learning rate does not recompile. What is not lowered (a GradScaler's
-``grad_scale``/``found_inf``, fused SGD) runs through the CPU fallback with the same numbers, and is
-refused with UnsupportedOpError when the fallback is off (it used to fail with an AttributeError).
+Adam and AdamW record one ``pjrt::adam_step`` per step, SGD one ``pjrt::sgd_step``, and give the
+numbers of torch's own fused CPU kernels; a changing learning rate does not recompile. What is not
+lowered (a GradScaler's ``grad_scale``/``found_inf``, fused Adagrad) runs through the CPU fallback with
+the same numbers, and is refused with UnsupportedOpError when the fallback is off (these used to
+fail with an AttributeError).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import UnsupportedOpError
 from pjrt_plugins.spmd import _executor, _fallback, _lazy
-from pjrt_plugins.spmd._lowering._optim import ADAM_STEP
+from pjrt_plugins.spmd._lowering._optim import ADAM_STEP, SGD_STEP
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -139,17 +140,17 @@ def test_without_the_fallback_unlowered_fused_steps_are_refused_clearly(fallback
         torch._fused_adam_(*_adam_lists("pjrt"), lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8,
                            amsgrad=False, maximize=False, grad_scale=torch.tensor(2.0, device="pjrt"))
     model = nn.Linear(4, 2).to("pjrt")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.1, fused=True)
     model(torch.ones(3, 4).to("pjrt")).sum().backward()
-    with pytest.raises(UnsupportedOpError, match="_fused_sgd_"):
+    with pytest.raises(UnsupportedOpError, match="_fused_adagrad_"):
         opt.step()
 
 
-def test_fused_sgd_runs_through_the_fallback(fallback):
+def test_fused_adagrad_runs_through_the_fallback(fallback):
     torch.manual_seed(4)
     ref = nn.Linear(4, 2)
     model = copy.deepcopy(ref).to("pjrt")
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True) for m in (ref, model)]
+    opts = [torch.optim.Adagrad(m.parameters(), lr=0.1, fused=True) for m in (ref, model)]
     for _ in range(2):
         for m, opt in zip((ref, model), opts):
             device = next(m.parameters()).device
@@ -158,3 +159,22 @@ def test_fused_sgd_runs_through_the_fallback(fallback):
             opt.zero_grad()
     for p, r in zip(model.parameters(), ref.parameters()):
         assert_close("param", p.cpu(), r.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"momentum": 0.9},
+    {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+    {"momentum": 0.8, "dampening": 0.1, "maximize": True},
+])
+def test_fused_sgd_is_one_op_with_torchs_numbers(engine, monkeypatch, options):
+    ref, model, batch, pjrt_batch = _pair(5)
+    calls = []
+    real = _lazy.record_into
+    monkeypatch.setattr(_lazy, "record_into", lambda func, *a: calls.append(func) or real(func, *a))
+    fallbacks = _executor.metrics().fallbacks
+    opts = _train(ref, model, (batch, pjrt_batch), lambda ps: torch.optim.SGD(ps, lr=0.05, fused=True, **options), 3,
+                  schedule=lambda i: 0.05 / (i + 1))
+    _assert_same_state(ref, model, opts)
+    assert calls == [SGD_STEP] * 3
+    assert _executor.metrics().fallbacks == fallbacks

@@ -216,7 +216,8 @@ def manual_seed(seed: int) -> None:
 #: (``ScalarSlot``), so a learning rate or an Adam bias correction that changes every step does not
 #: change the program. Values some lowering special-cases stay constants.
 _LIFTED_OPS = {"add", "sub", "rsub", "mul", "div", "pow", "clamp", "clamp_min", "clamp_max", "masked_fill", "where",
-               "full", "full_like", "fill", "new_full", "lerp", "addcmul", "addcdiv", "adam_step"}
+               "full", "full_like", "fill", "new_full", "lerp", "addcmul", "addcdiv", "adam_step",
+               "sgd_step"}
 _SPECIAL_VALUES = {0.0, 1.0, -1.0, 2.0, 3.0, 0.5, -0.5}
 _FOREACH_PREFIX = "_foreach_"
 #: The dispatch key of the foreach ops' kernels that loop over the per-tensor ops.

@@ -383,6 +383,13 @@ def _fused_adam(func: Any, args: tuple, kwargs: dict) -> Any:
     return _optim.fused_adam_step(func, args, kwargs)
 
 
+@_handles(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
+def _fused_sgd(func: Any, args: tuple, kwargs: dict) -> Any:
+    from . import _optim  # the engine's side (imports the lowering)
+
+    return _optim.fused_sgd_step(func, args, kwargs)
+
+
 @_handles(aten.lift_fresh.default)
 def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
     return args[0]  # torch.tensor(..., device="pjrt") marks its fresh result; nothing to do
