@@ -160,8 +160,9 @@ def _sgd_step(em: Emitter, out: list[torch.Tensor], params: list[TensorValue], g
             if is_first_step:  # torch's buffers are fresh (empty_like): the gradient starts them
                 buffer = grad
             else:
-                buffer = em.add(em.mul(em.as_tensor(momentum, cdt, shape), em.as_tensor(momentum_buffers[i], cdt, shape)),
-                                em.mul(em.sub(em.constant(1, cdt, shape), em.as_tensor(dampening, cdt, shape)), grad))
+                previous = em.as_tensor(momentum_buffers[i], cdt, shape)
+                kept = em.sub(em.constant(1, cdt, shape), em.as_tensor(dampening, cdt, shape))
+                buffer = em.add(em.mul(em.as_tensor(momentum, cdt, shape), previous), em.mul(kept, grad))
             new_buffers.append(em.convert(buffer, momentum_buffers[i].dtype))
             grad = em.add(grad, em.mul(em.as_tensor(momentum, cdt, shape), buffer)) if nesterov else buffer
         rate = (em.broadcast_to(em.convert(em.reshape(lr_tensor, ()), cdt), shape) if lr_tensor is not None
