@@ -372,8 +372,9 @@ def _key(trace: _Trace, value: Any, lift: bool) -> Any:
             trace.scalars.append(value)
             return (ScalarSlot, len(trace.scalars) - 1)
         return (float, value) if value and value == value else (float, repr(value))  # -0.0 and nan by text
-    if kind is list or kind is tuple:
-        return (kind, tuple([_key(trace, v, lift) for v in value]))
+    if kind is list or kind is tuple:  # mostly ints (sizes) or tensors (a foreach op's lists): those inline
+        return (kind, tuple([(int, v) if type(v) is int else _ref(trace, v._pjrt_data) if type(v) is _XST
+                             else _key(trace, v, lift) for v in value]))
     if kind is bool:
         return (bool, value)
     if value is None or kind in _BARE_CONSTANTS:
@@ -438,7 +439,8 @@ def _ref(trace: _Trace, data: TensorData) -> int:
             if index is not None:
                 return index
         _transfer.upload(data, data.annotation)
-    _transfer.check_current(data)  # also for an input the trace has: the virtual device may have been replaced
+    if data.generation != virtual_device().generation:  # also for an input the trace has: the device may be new
+        _transfer.check_current(data)
     key = (data.id, data.version)
     index = trace.input_ids.get(key)
     if index is None:
@@ -877,7 +879,7 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
             result = _record(_op_info(aten.clone.default), (result,), {})
         _restride_in_place(func, args, kwargs, result)
         return target
-    value = None
+    value = result = None
     if finfo.recordable and not finfo.maskable:
         try:
             value = _record(finfo, args, kwargs, wrap=False)
@@ -892,7 +894,7 @@ def _dispatch_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
         if result._pjrt_data.state is not _LAZY:  # computed by the CPU fallback: a graph value of it
             result = _record(_op_info(aten.clone.default), (result,), {})
         value = result._pjrt_data.lazy
-    _assign_result(info, target._pjrt_data, value)
+    _assign_result(info, target._pjrt_data, value, fresh=result is None)
     return target
 
 
@@ -914,12 +916,19 @@ def _dispatch_foreach_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     """``torch._foreach_op_(xs, ...)``: one recorded op for the whole list, its results assigned to ``xs``."""
     targets = args[0]
     finfo = _op_info(info.functional) if info.functional is not None else None
-    if finfo is None or not finfo.recordable or not all(isinstance(t, _XST) for t in targets):
+    if finfo is None or not finfo.recordable or not _all_pjrt(targets):
         return info.func.redispatch(_COMPOSITE_EXPLICIT, *args, **kwargs)  # the per-tensor in-place ops
     values = _record(finfo, args, kwargs, wrap=False)
     for target, value in zip(targets, values):
-        _assign_result(info, target._pjrt_data, value)
+        _assign_result(info, target._pjrt_data, value, fresh=True)
     return None
+
+
+def _all_pjrt(tensors: Sequence[Any]) -> bool:
+    for t in tensors:  # a loop: all() of a generator costs more for lists of a model's parameters
+        if not isinstance(t, _XST):
+            return False
+    return True
 
 
 def record_into(func: Any, args: tuple, targets: Sequence[Any]) -> None:
@@ -929,11 +938,12 @@ def record_into(func: Any, args: tuple, targets: Sequence[Any]) -> None:
     with _lock:
         values = _record(info, args, {}, wrap=False)
         for target, value in zip(targets, values, strict=True):
-            _assign_result(info, target._pjrt_data, value)
+            _assign_result(info, target._pjrt_data, value, fresh=True)
 
 
-def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue) -> None:
-    """An in-place op's result ``value`` becomes ``data``'s contents (cast to its dtype)."""
+def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue, fresh: bool = False) -> None:
+    """An in-place op's result ``value`` becomes ``data``'s contents (cast to its dtype); ``fresh``: ``value``
+    is ``_record``'s, held by nothing else (see ``_assign``)."""
     trace = value.trace
     _, shape, dtype = trace.outs[value.index]
     if shape != data.shape:
@@ -942,18 +952,20 @@ def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue) -> None:
     if dtype != data.dtype:
         result = _wrap_value(trace, value, trace.outs[value.index])
         value = dispatch(aten._to_copy.default, (), (result,), {"dtype": data.dtype})._pjrt_data.lazy
-    _assign(data, value)
+        fresh = False
+    _assign(data, value, fresh=fresh)
 
 
-def _assign(data: TensorData, value: LazyValue, written_view: TensorData | None = None) -> None:
+def _assign(data: TensorData, value: LazyValue, written_view: TensorData | None = None, fresh: bool = False) -> None:
     """Make ``data`` hold ``value``; if ``data`` is a view, write the new contents back into its root.
 
     Then the live views of the root (but the one this write came through) are derived again
-    from it, since a torch view sees every later write into its base.
+    from it, since a torch view sees every later write into its base. ``fresh``: ``value`` is held by
+    nothing else, so ``data`` may keep it instead of a copy (unless it links a view to its base).
     """
     old = data.lazy if data.state is _LAZY else None
     trace = value.trace
-    new_value = LazyValue(trace, value.index)
+    new_value = value if fresh and value.base is None else LazyValue(trace, value.index)
     if old is not None:
         new_value.keep_sharding = old.keep_sharding
     elif data.state is _DEVICE:
