@@ -103,7 +103,7 @@ class _Input:
 
     def __init__(self, data: TensorData) -> None:
         assert data.buffers is not None and data.sharding is not None
-        self.buffers = list(data.buffers)
+        self.buffers = data.buffers  # never changed in place: a state change replaces the list
         self.generation = data.generation
         self.sharding = data.sharding
         self.shape = data.shape
