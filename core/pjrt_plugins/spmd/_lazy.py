@@ -918,9 +918,7 @@ def _dispatch_foreach_inplace(info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     finfo = _op_info(info.functional) if info.functional is not None else None
     if finfo is None or not finfo.recordable or not _all_pjrt(targets):
         return info.func.redispatch(_COMPOSITE_EXPLICIT, *args, **kwargs)  # the per-tensor in-place ops
-    values = _record(finfo, args, kwargs, wrap=False)
-    for target, value in zip(targets, values):
-        _assign_result(info, target._pjrt_data, value, fresh=True)
+    _record_and_assign(finfo, args, kwargs, targets, info)
     return None
 
 
@@ -934,11 +932,17 @@ def _all_pjrt(tensors: Sequence[Any]) -> bool:
 def record_into(func: Any, args: tuple, targets: Sequence[Any]) -> None:
     """Record ``func(*args)``, an op returning one tensor per pjrt tensor of ``targets``, and make each target
     hold its result (a fused optimizer step: one op writing whole lists of tensors)."""
-    info = _op_info(func)
     with _lock:
-        values = _record(info, args, {}, wrap=False)
-        for target, value in zip(targets, values, strict=True):
-            _assign_result(info, target._pjrt_data, value, fresh=True)
+        _record_and_assign(_op_info(func), args, {}, targets, None)
+
+
+def _record_and_assign(info: _OpInfo, args: tuple, kwargs: dict, targets: Sequence[Any],
+                       written_by: _OpInfo | None) -> None:
+    """Record ``info``'s op, whose results are one per target, and make each target hold its result
+    (``written_by``: the in-place op the user called, named in errors; default ``info``'s)."""
+    values = _record(info, args, kwargs, wrap=False)
+    for target, value in zip(targets, values, strict=True):
+        _assign_result(written_by or info, target._pjrt_data, value, fresh=True)
 
 
 def _assign_result(info: _OpInfo, data: TensorData, value: LazyValue, fresh: bool = False) -> None:

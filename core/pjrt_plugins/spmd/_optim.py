@@ -22,6 +22,13 @@ from ._lowering._optim import ADAM_STEP, SGD_STEP, adam_step_outputs, sgd_step_o
 aten = torch.ops.aten
 
 
+def fused_step(func: Any, args: tuple, kwargs: dict) -> None:
+    """A fused optimizer step on pjrt tensors (``torch._fused_adam(w)_`` or ``torch._fused_sgd_``)."""
+    if func.overloadpacket is aten._fused_sgd_:
+        return fused_sgd_step(func, args, kwargs)
+    return fused_adam_step(func, args, kwargs)
+
+
 def fused_adam_step(func: Any, args: tuple, kwargs: dict) -> None:
     """``torch._fused_adam(w)_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, ...)``."""
     # __torch_dispatch__ passes the six lists positionally (they are not keyword-only in the schema).

@@ -376,18 +376,11 @@ def _alias(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @_handles(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_adamw_.default,
-          aten._fused_adamw_.tensor_lr)
-def _fused_adam(func: Any, args: tuple, kwargs: dict) -> Any:
+          aten._fused_adamw_.tensor_lr, aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
+def _fused_optimizer_step(func: Any, args: tuple, kwargs: dict) -> Any:
     from . import _optim  # the engine's side (imports the lowering)
 
-    return _optim.fused_adam_step(func, args, kwargs)
-
-
-@_handles(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
-def _fused_sgd(func: Any, args: tuple, kwargs: dict) -> Any:
-    from . import _optim  # the engine's side (imports the lowering)
-
-    return _optim.fused_sgd_step(func, args, kwargs)
+    return _optim.fused_step(func, args, kwargs)
 
 
 @_handles(aten.lift_fresh.default)
