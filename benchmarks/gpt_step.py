@@ -517,12 +517,17 @@ def sweep(d_model: int, depths: list[int], args: argparse.Namespace) -> None:
     print(f"done ({_load()})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model size and the rounds of steps measured (shared with tracing_floor.py)."""
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="steps per round and side")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_arguments(parser)
     parser.add_argument("--torch-xla-python", default=os.environ.get("TORCH_XLA_PYTHON"),
                         help="an interpreter with torch_xla 2.9 (default: $TORCH_XLA_PYTHON; none: skip it)")
     parser.add_argument("--no-jax", action="store_true", help="skip the jax side")

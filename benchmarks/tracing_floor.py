@@ -132,10 +132,7 @@ class FloorSide:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5, help="steps per round and side")
+    gpt_step.add_step_arguments(parser)
     parser.add_argument("--fused", action="store_true", help="AdamW(fused=True) on both sides")
     args = parser.parse_args(argv)
     cfg = gpt_step.Config(args.d_model, args.layers)
