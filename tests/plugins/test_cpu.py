@@ -180,11 +180,16 @@ def test_caller_options_override_cpu_num_devices(cpu, monkeypatch):
         assert len(client.devices) == 2
 
 
-def test_client_environment_sizes_the_pools_and_turns_xnnpack_off():
-    assert client_environment(8) == {
-        "XLA_FLAGS": "--xla_cpu_use_xnnpack=false",
-        "PJRT_NPROC": str(max(os.cpu_count() or 1, 16)),
-    }
+def test_client_environment_turns_xnnpack_off_and_keeps_the_librarys_pools():
+    assert client_environment(8) == {"XLA_FLAGS": "--xla_cpu_use_xnnpack=false"}
+
+
+@pytest.mark.parametrize("flag", ["--xla_cpu_use_xnnpack=true", "--xla_cpu_use_xnnpack", "-xla_cpu_use_xnnpack=1"])
+def test_xnnpack_turned_back_on_gets_two_threads_per_device(monkeypatch, flag):
+    monkeypatch.setenv("XLA_FLAGS", flag)
+    assert client_environment(8) == {"XLA_FLAGS": flag, "PJRT_NPROC": str(max(os.cpu_count() or 1, 16))}
+    monkeypatch.setenv("XLA_FLAGS", f"{flag} --xla_cpu_use_xnnpack=false")  # the last one wins
+    assert "PJRT_NPROC" not in client_environment(8)
 
 
 def test_client_environment_builds_on_what_the_user_set(monkeypatch):
@@ -192,7 +197,7 @@ def test_client_environment_builds_on_what_the_user_set(monkeypatch):
     monkeypatch.setenv("NPROC", "3")
     assert client_environment(8) == {"XLA_FLAGS": "--xla_dump_to=/tmp/dump --xla_cpu_use_xnnpack=false"}
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_xnnpack=true --xla_dump_to=/tmp/dump")
-    assert client_environment(8)["XLA_FLAGS"] == "--xla_cpu_use_xnnpack=true --xla_dump_to=/tmp/dump"
+    assert client_environment(8) == {"XLA_FLAGS": "--xla_cpu_use_xnnpack=true --xla_dump_to=/tmp/dump"}
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, 10.0), ("2.5", 2.5), ("0", None)])
@@ -210,8 +215,10 @@ def test_bad_stall_timeout_names_the_variable(monkeypatch, value):
         stall_timeout()
 
 
-def test_the_library_sees_its_environment_only_while_it_creates_the_client(run_python, tmp_path):
-    """XLA reads the pool size and its flags as the client is created: twice the threads, XNNPACK off."""
+@pytest.mark.parametrize(("user_flags", "xnnpack", "threads"), [("", False, 8), ("--xla_cpu_use_xnnpack=true", True, 16)])
+def test_the_library_sees_its_environment_only_while_it_creates_the_client(run_python, tmp_path, user_flags, xnnpack, threads):
+    """XLA reads the pool size and its flags as the client is created: XNNPACK off and the library's
+    own pools (as many threads as devices here), or with XNNPACK on twice the threads."""
     dump = tmp_path / "dump"
     result = run_python(
         f"""
@@ -228,12 +235,12 @@ def test_the_library_sees_its_environment_only_while_it_creates_the_client(run_p
         options = open(glob.glob("{dump}/*debug_options")[0]).read()
         print("xnnpack off:", "xla_cpu_use_xnnpack: false" in options)
         """,
-        env={"XLA_FLAGS": f"--xla_dump_to={dump}"},
+        env={"XLA_FLAGS": f"--xla_dump_to={dump} {user_flags}".strip()},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        f"intra-op threads: {max(os.cpu_count() or 1, 16)}",
+        f"intra-op threads: {max(os.cpu_count() or 1, threads)}",
         "stall timeout: 10.0",
-        f"environment after: --xla_dump_to={dump} None",
-        "xnnpack off: True",
+        f"environment after: {f'--xla_dump_to={dump} {user_flags}'.strip()} None",
+        f"xnnpack off: {not xnnpack}",
     ]

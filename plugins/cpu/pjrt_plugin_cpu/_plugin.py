@@ -38,10 +38,12 @@ DEFAULT_STALL_TIMEOUT_S = 10.0
 #: default on a machine with fewer cores) every thread can end up waiting, and the program
 #: deadlocks in an all-reduce (docs/notes/backends.md, "The all-reduce deadlock").
 XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
-#: XLA's pool-size variables; when neither is set the pools get THREADS_PER_DEVICE threads per device.
+#: XLA's pool-size variables. Unset, the library gives its pools ``max(cores, devices)`` threads:
+#: enough with XNNPACK off, where the only thread a program parks is one per device in a collective
+#: (XLA runs a device's collectives one at a time). A user who turns XNNPACK back on gets
+#: THREADS_PER_DEVICE_WITH_XNNPACK threads per device instead, the margin that also ended the deadlock.
 POOL_SIZE_ENVS = ("PJRT_NPROC", "NPROC")
-THREADS_PER_DEVICE = 2
-
+THREADS_PER_DEVICE_WITH_XNNPACK = 2
 
 def library_problem() -> str | None:
     """Why no library is installed, with the fix, or ``None``. Cheap: nothing is opened.
@@ -77,19 +79,30 @@ def xla_flags_with_defaults(flags: str) -> str:
     return " ".join([flags.strip(), *extra]).strip()
 
 
+def xnnpack_enabled(flags: str) -> bool:
+    """Whether ``XLA_FLAGS`` turns XNNPACK on (the last ``--xla_cpu_use_xnnpack`` wins; a bare flag means true)."""
+    enabled = False
+    for token in flags.split():
+        name, _, value = token.lstrip("-").partition("=")
+        if name == "xla_cpu_use_xnnpack":
+            enabled = value.lower() in ("", "true", "1")
+    return enabled
+
+
 def client_environment(device_count: int) -> dict[str, str]:
     """What the library must see in the environment while it creates a client of ``device_count`` devices.
 
-    Its thread pools get ``max(cores, THREADS_PER_DEVICE * devices)`` threads (XLA's
-    ``PJRT_NPROC``), so threads blocked in a collective never leave the pools empty, and
-    XNNPACK is off (see :data:`XLA_FLAG_DEFAULTS`). A ``PJRT_NPROC``/``NPROC`` or flag the
-    user set is kept. XLA reads its flags once per process, at the first client.
+    XNNPACK is off (see :data:`XLA_FLAG_DEFAULTS`) and the thread pools keep the library's own
+    size; a user who turns XNNPACK back on gets ``max(cores, 2 * devices)`` threads
+    (:data:`POOL_SIZE_ENVS`). A ``PJRT_NPROC``/``NPROC`` or flag the user set is kept. XLA
+    reads its flags once per process, at the first client.
     """
-    environment = {"XLA_FLAGS": xla_flags_with_defaults(os.environ.get("XLA_FLAGS", ""))}
-    if not any(os.environ.get(name, "").strip() for name in POOL_SIZE_ENVS):
-        environment["PJRT_NPROC"] = str(max(os.cpu_count() or 1, THREADS_PER_DEVICE * device_count))
+    flags = xla_flags_with_defaults(os.environ.get("XLA_FLAGS", ""))
+    environment = {"XLA_FLAGS": flags}
+    if xnnpack_enabled(flags) and not any(os.environ.get(name, "").strip() for name in POOL_SIZE_ENVS):
+        threads = THREADS_PER_DEVICE_WITH_XNNPACK * device_count
+        environment["PJRT_NPROC"] = str(max(os.cpu_count() or 1, threads))
     return environment
-
 
 def stall_timeout() -> float | None:
     """Seconds of no CPU use before a waiting execution is stuck: ``PJRT_CPU_STALL_TIMEOUT`` or 10; 0: off."""
