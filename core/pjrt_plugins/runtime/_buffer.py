@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client, Device, Memory
 
 _layouts: dict[int, tuple[Any, Any]] = {}
+_memmove = ffi.memmove
 
 #: Host memory we hand over without a copy is aligned like this (the CPU plugin aliases
 #: only 64-byte-aligned memory and copies anything else).
@@ -134,8 +135,9 @@ class _Pinning:
         """Copy the bytes of the buffer ``ptr`` into the C-contiguous ``out``, pinned meanwhile."""
         address = self.pin(ptr)
         try:
-            if out.nbytes:
-                ffi.memmove(out, address, out.nbytes)
+            nbytes = out.nbytes
+            if nbytes:
+                _memmove(out, address, nbytes)
         finally:
             self.unpin(ptr)
         return out
@@ -574,8 +576,11 @@ class Buffer(OwnedHandle):
         """
         if not self._ready:
             self._await_ready(ptr)
-        pool = self._lib.pool(_Pinning)
-        pinning = pool.take()
+        pool = self._client._pinnings
+        try:
+            pinning = pool.pop()  # Pool.take without its frame: the hot path of a small to_numpy()
+        except IndexError:
+            pinning = _Pinning(self._lib)
         pinning.copy(ptr, out)
         pool.give(pinning)
         return out

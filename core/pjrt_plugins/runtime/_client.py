@@ -23,7 +23,7 @@ from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
 from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError, PluginTimeoutError
 from ..options import validate_options
 from ._bounded import BoundedCall
-from ._buffer import Buffer, _pin_lock, aligned_copy, host_array
+from ._buffer import Buffer, _pin_lock, _Pinning, aligned_copy, host_array
 from ._cdef import ffi
 from ._compile_options import CompileOptions
 from ._dtypes import pjrt_type_of
@@ -261,6 +261,8 @@ class Client:
                 hint=f"a bug in the plugin {self.plugin_name!r}; using that client would crash the process",
             )
         self._ptr = args.client
+        self._destroy_buffer_fn = lib.function("PJRT_Buffer_Destroy")
+        self._pinnings = lib.pool(_Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
         self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
@@ -410,7 +412,9 @@ class Client:
         args = _BUFFER_DESTROY.take()  # runs in finalizers: a pooled struct (see Pool)
         args.buffer = ptr
         try:
-            self._lib.call("PJRT_Buffer_Destroy", args)
+            err = self._destroy_buffer_fn(args)  # every output of an execute ends here: no lookup
+            if err:
+                raise self._lib.error_to_exception(err, "PJRT_Buffer_Destroy")
             _BUFFER_DESTROY.give(args)
         finally:
             if event is not None and not self._settle_host_event(event, wait, host):

@@ -76,9 +76,10 @@ class ReadyEvents:
     def errors(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
         """The events' errors attributed to ``function``, destroying the events, if every one
         (NULL ones aside) is ready now; else None, with nothing touched (also when the plugin
-        cannot say whether they are ready)."""
+        cannot say whether they are ready). ``events``: a sequence or a cffi array of them."""
         args = self._is_ready
         is_ready = self._is_ready_fn
+        ready = []
         for event in events:
             if event:
                 args.event = event
@@ -88,21 +89,27 @@ class ReadyEvents:
                     return None
                 if not args.is_ready:
                     return None
-        return [self.finish(event, function) if event else None for event in events]
+            ready.append(event)
+        return self.finish_all(ready, function)
 
-    def finish(self, event: Any, function: str) -> PjrtError | None:
-        """The error of a ready ``event`` attributed to ``function`` (None: it succeeded); destroys the event."""
-        args = self._await
-        args.event = event
-        try:
-            err = self._await_fn(args)
-            return self._lib.error_to_exception(err, function) if err else None
-        finally:
-            destroy = self._destroy
-            destroy.event = event
-            err = self._destroy_fn(destroy)
-            if err:
-                raise self._lib.error_to_exception(err, "PJRT_Event_Destroy")
+    def finish_all(self, events: Sequence[Any], function: str) -> list[PjrtError | None]:
+        """The errors of ready ``events`` attributed to ``function`` (None: it succeeded; NULL
+        events give None), destroying each (``PJRT_Event_Await`` returns at once on a ready event)."""
+        errors: list[PjrtError | None] = []
+        awaited, destroy = self._await, self._destroy
+        for event in events:
+            if event:
+                awaited.event = event
+                err = self._await_fn(awaited)
+                destroy.event = event
+                destroy_err = self._destroy_fn(destroy)
+                if err or destroy_err:  # rare: read (and destroy) the errors, in order
+                    errors.append(self._lib.error_to_exception(err, function) if err else None)
+                    if destroy_err:
+                        raise self._lib.error_to_exception(destroy_err, "PJRT_Event_Destroy")
+                    continue
+            errors.append(None)
+        return errors
 
 
 def errors_if_ready(lib: Library, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
@@ -236,7 +243,7 @@ class EventWait:
         pool = self.lib.pool(ReadyEvents)
         structs = pool.take()
         try:
-            self.errors[index] = structs.finish(event, self.function)
+            self.errors[index] = structs.finish_all((event,), self.function)[0]
         finally:
             pool.give(structs)
 

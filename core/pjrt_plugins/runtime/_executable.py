@@ -69,7 +69,7 @@ class _ExecuteFrame:
 
     __slots__ = (
         "args", "options", "inner_args", "inner_outputs", "events", "ready_events", "waits", "on_device",
-        "arguments", "num_args", "params", "template", "pool", "_keep",
+        "arguments", "num_args", "params", "template", "pool", "execute_fn", "_keep",
     )
 
     def __init__(
@@ -87,6 +87,7 @@ class _ExecuteFrame:
         self.params = params  # [(shape, dtype)] each argument list must match, or None
         self.template: Any = None  # the executable's output template once complete (see _output_template)
         self.pool = pool
+        self.execute_fn = lib.function(_EXECUTE)
         self.options = options = new_args("PJRT_ExecuteOptions")
         args = new_args("PJRT_LoadedExecutable_Execute_Args")
         args.executable = loaded
@@ -373,6 +374,8 @@ class Executable(OwnedHandle):
             raise ValueError("execute() needs at least one argument list (one per device)")
         num_args = len(args_per_device[0])
         params = self._checked_parameters(num_args)  # raises for a wrong count: no frame is made for it
+        if self._launch_ids is None:
+            self._start_launch_ids()
         pool = self._frames.setdefault((num_devices, num_args), [])
         return _ExecuteFrame(self._lib, loaded, num_devices, num_args, self.num_outputs, params, pool)
 
@@ -407,6 +410,7 @@ class Executable(OwnedHandle):
     def _execute(
         self, frame: _ExecuteFrame, args_per_device: Sequence[Sequence[Buffer]], device: Device | int | None, wait: bool
     ) -> list[list[Buffer]]:
+        """The execute using ``frame``: its arguments checked and set, the call, the outputs, the wait."""
         client = self._client
         params = frame.params
         num_args = frame.num_args
@@ -445,8 +449,10 @@ class Executable(OwnedHandle):
         elif frame.on_device:
             args.execute_device = ffi.NULL
             frame.on_device = False
-        frame.options.launch_id = next(self._launch_ids or self._start_launch_ids()) % _LAUNCH_IDS
-        self._lib.call("PJRT_LoadedExecutable_Execute", args)
+        frame.options.launch_id = next(self._launch_ids) % _LAUNCH_IDS
+        err = frame.execute_fn(args)
+        if err:
+            raise self._lib.error_to_exception(err, _EXECUTE)
         outputs = []
         for inner in frame.inner_outputs:
             row = []
@@ -454,7 +460,7 @@ class Executable(OwnedHandle):
                 row.append(Buffer(client, inner[i], shape, dtype, plan, wait))
             outputs.append(row)
         if wait:
-            events = frame.events[0 : len(outputs)]
+            events = frame.events  # one per device, as many as rows of outputs
             try:
                 errors = frame.ready_events.errors(events, _EXECUTE)
             except BaseException:

@@ -81,31 +81,31 @@ def new_args(struct: str) -> Any:
     return args
 
 
-class Pool(Generic[T]):
+class Pool(list, Generic[T]):
     """Reusable objects for hot paths (args structs, sets of them): ``item = pool.take()``, use it,
     ``pool.give(item)``; saves an allocation per call.
 
-    A free list: ``pop`` and ``append`` are atomic under the GIL, so an item that was taken
-    belongs to its taker until given back; another thread, or a finalizer (``__del__`` of a
-    Buffer run by a garbage collection) that interrupts the taker on its own thread, takes
-    another one or makes a new one. An item not given back (an exception) is simply dropped.
+    A free list (the pool is the list of free items): ``pop`` and ``append`` are atomic under
+    the GIL, so an item that was taken belongs to its taker until given back; another thread,
+    or a finalizer (``__del__`` of a Buffer run by a garbage collection) that interrupts the
+    taker on its own thread, takes another one or makes a new one. An item not given back (an
+    exception) is simply dropped. ``give`` is ``list.append`` itself (no Python frame).
     Finalizers may use pools of the args structs listed in ``_FINALIZER_STRUCTS``.
     """
 
-    __slots__ = ("_make", "_free")
+    __slots__ = ("_make",)
 
     def __init__(self, make: Callable[[], T]) -> None:
+        super().__init__()
         self._make = make
-        self._free: list[T] = []
 
     def take(self) -> T:
         try:
-            return self._free.pop()
+            return self.pop()
         except IndexError:
             return self._make()
 
-    def give(self, item: T) -> None:
-        self._free.append(item)
+    give = list.append
 
 
 _pools: dict[str, Pool[Any]] = {}
