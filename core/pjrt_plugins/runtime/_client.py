@@ -241,6 +241,8 @@ class Client:
             raise TypeError(f"client options must be a mapping of name to value, got {type(options).__name__}")
         values = validate_options(dict(options or {}), schema, plugin=f"plugin {self.plugin_name!r}")
         lib.initialize(initialize_timeout)
+        self._destroy_buffer_fn = lib.function("PJRT_Buffer_Destroy")  # bound before a client exists to leak
+        self._pinnings = lib.pool(_Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
         encoded = EncodedNamedValues(values)
         args = new_args("PJRT_Client_Create_Args")
         args.create_options = encoded.pointer
@@ -261,8 +263,6 @@ class Client:
                 hint=f"a bug in the plugin {self.plugin_name!r}; using that client would crash the process",
             )
         self._ptr = args.client
-        self._destroy_buffer_fn = lib.function("PJRT_Buffer_Destroy")
-        self._pinnings = lib.pool(_Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
         self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
