@@ -152,6 +152,8 @@ class XLAShardedTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         data = self._pjrt_data
+        if data is None:
+            return f"XLAShardedTensor(<traced by torch.compile>, size={tuple(self.shape)}, dtype={self.dtype})"
         text = repr(to_cpu(self))
         inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
         extras = [f"device='{_device.TORCH_DEVICE}'"]
@@ -190,7 +192,7 @@ class XLAShardedTensor(torch.Tensor):
         new.annotation, new.mark = data.annotation, data.mark
         result = wrap(new, requires_grad=self.requires_grad)
         for key, value in self.__dict__.items():
-            if key != "_pjrt_data":
+            if key not in ("_pjrt_data", "_pjrt_inner_tensor"):  # the inner tensor stands for the old data
                 setattr(result, key, _copy.deepcopy(value, memo))
         memo[id(self)] = result
         return result
@@ -206,19 +208,33 @@ class XLAShardedTensor(torch.Tensor):
     # With it, Module.to / _apply moves a Parameter by swapping its contents in place
     # (torch.utils.swap_tensors) instead of making a new Parameter per module, so parameters
     # tied across modules (a GPT's embedding and LM head) stay one Parameter, as on CUDA.
+    # torch.compile traces the inner tensor: a meta tensor linked to this one (see _compile).
 
-    def __tensor_flatten__(self) -> tuple[list[str], TensorData]:
-        return [], self._pjrt_data
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["_pjrt_inner"], None
+
+    @property
+    def _pjrt_inner(self) -> torch.Tensor:
+        from . import _compile
+
+        return _compile.inner_of(self)
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict, data: TensorData, outer_size: Any, outer_stride: Any) -> XLAShardedTensor:
-        return XLAShardedTensor(data)
+    def __tensor_unflatten__(inner: dict, meta: Any, outer_size: Any, outer_stride: Any) -> XLAShardedTensor:
+        from . import _compile
+
+        return _compile.outer_of(inner["_pjrt_inner"], outer_size, outer_stride)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         try:
             if kwargs is None:
                 kwargs = {}
+            if tracing_tensors_alive:  # torch.compile is (or was) tracing: its tensors take their own path
+                from . import _compile
+
+                if _compile.is_tracing(args, kwargs):
+                    return _compile.trace_dispatch(func, args, kwargs)
             handler = _HANDLERS_BY_ID.get(id(func))  # by id: an OpOverload's __hash__ is Python code
             if handler is not None:
                 result = handler(func, args, kwargs)
@@ -232,6 +248,11 @@ class XLAShardedTensor(torch.Tensor):
                 error.add_note(f"(raised by {func} in autograd's backward pass on the pjrt device)")
                 error._pjrt_op_noted = True  # type: ignore[attr-defined]
             return _ErrorForAutograd(error)
+
+
+#: One entry per tensor torch.compile is tracing that is alive (``_compile``): while any, each op checks its
+#: arguments for them.
+tracing_tensors_alive: list[None] = []
 
 
 class _ErrorForAutograd:
@@ -298,7 +319,12 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
 def unwrap(tensor: torch.Tensor) -> TensorData:
     """The :class:`TensorData` behind a pjrt tensor; raises VirtualDeviceError for other tensors."""
     if isinstance(tensor, XLAShardedTensor):
-        return tensor._pjrt_data
+        data = tensor._pjrt_data
+        if data is None:
+            raise RuntimeError(
+                "this pjrt tensor is being traced by torch.compile, which cannot run pjrt_plugins.spmd functions "
+                "such as mark_sharding inside a compiled function: call them before or after it")
+        return data
     device = getattr(tensor, "device", None)
     raise VirtualDeviceError(
         f"expected a tensor on the virtual device {_device.TORCH_DEVICE}, got "

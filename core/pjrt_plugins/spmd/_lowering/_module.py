@@ -232,6 +232,26 @@ def lowered_decomposition_outputs(op: Any, args: tuple, kwargs: dict) -> Any | N
     return decomp(*args, **kwargs)  # on meta tensors: the outputs' shapes and structure
 
 
+def lower_subgraph(em: Emitter, graph: fx.Graph, inputs: list[TensorValue]) -> list[TensorValue]:
+    """Lower ``graph`` (every call lowerable, see ``expand_graph``) inline, its placeholders bound to ``inputs``;
+    returns its results (a torch.compile region, see ``_region``)."""
+    env: dict[fx.Node, Any] = {}
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise LoweringError(f"internal: a region of {len(placeholders)} inputs was given {len(inputs)}")
+    env.update(zip(placeholders, inputs))
+    outer_node, counts = em.node, {}
+    partitioned = em.options.num_partitions > 1
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        with ir.Location.name(node.name):
+            env[node] = _lower_node(em, node, env, counts, partitioned)
+    em.node = outer_node
+    output = next(n for n in graph.nodes if n.op == "output")
+    return [env[leaf] for leaf in pytree.tree_leaves(output.args[0])]
+
+
 def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dict[str, int], partitioned: bool) -> Any:
     if node.op == "get_attr":
         value = _fetch_attr(node)

@@ -1,0 +1,269 @@
+"""``torch.compile(..., backend="pjrt")``: torch traces the Python once; a cache hit records one op per graph.
+
+Why: the engine records every ATen operator a step dispatches, and torch's own dispatcher and
+autograd cost more per operator than issue 16's 15 us (``benchmarks/tracing_floor.py``). Under
+``torch.compile``, dynamo guards the Python (a changed learning rate or shape retraces) and
+AOTAutograd gives forward and backward as graphs of ATen ops; each becomes a ``pjrt::region``
+op (``_lowering/_region.py``), so a step records a handful of ops, and the engine still runs the
+regions with the eager ops around them (the optimizer) as one program.
+
+How torch traces a pjrt tensor: ``XLAShardedTensor.__tensor_flatten__`` exposes one inner tensor,
+a meta tensor of its shape linked back to it (:func:`inner_of`). Dynamo and AOTAutograd trace
+with fake inner tensors wrapped in *tracing* pjrt tensors (``_pjrt_data is None``; on the meta
+device, so factories such as ``torch.arange(n, device=x.device)`` trace there too), whose ops run
+on the inner tensors (:func:`trace_dispatch`). At run time AOTAutograd hands the compiled function
+the linked meta tensors; it records the region on the pjrt tensors behind them and returns meta
+tensors linked to the results, which ``__tensor_unflatten__`` (:func:`outer_of`) turns back into
+pjrt tensors.
+
+A graph that does not lower whole (random ops such as dropout, an operator without a lowering,
+dynamic shapes) runs op by op through the engine instead: correct, at eager speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map_only
+
+from ..errors import UnsupportedOpError
+from . import _device
+from ._lowering import expand_graph, is_random
+from ._lowering._region import REGION, register_region
+from .tensor import XLAShardedTensor, tracing_tensors_alive, wrap
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["pjrt_backend"]
+
+_META = torch.device("meta")
+
+
+def _keep_dynamo_out_of_this_package() -> None:
+    """Dynamo must not trace into pjrt_plugins (mark_sharding, transfers: devices and cffi calls): a call from
+    a compiled function breaks the graph there and runs eagerly. Done when this module is first imported,
+    which torch.compile does for ``backend="pjrt"`` and the first time it looks inside a pjrt tensor."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.add("pjrt_plugins")
+
+
+_keep_dynamo_out_of_this_package()
+
+
+# -- the tensors torch traces ------------------------------------------------------------------
+
+
+def inner_of(t: XLAShardedTensor) -> torch.Tensor:
+    """The inner tensor torch.compile sees for ``t``: a meta tensor of its shape linked to its data (kept on
+    ``t`` while its data, shape and dtype stay, so that every look at ``t`` gives the same one, as torch
+    expects)."""
+    inner = t.__dict__.get("_pjrt_inner_tensor")
+    data = t._pjrt_data
+    if data is None:  # a tracing tensor: its fake inner tensor
+        return inner
+    if inner is not None and inner._pjrt_linked is data and inner.shape == t.shape and inner.dtype == t.dtype:
+        return inner
+    inner = _linked(data)
+    t.__dict__["_pjrt_inner_tensor"] = inner
+    return inner
+
+
+def _linked(data: Any) -> torch.Tensor:
+    """A meta tensor standing for ``data`` (a TensorData) where torch.compile expects an inner tensor."""
+    inner = torch.empty(data.shape, dtype=data.dtype, device=_META)
+    inner._pjrt_linked = data
+    return inner
+
+
+def outer_of(inner: torch.Tensor, outer_size: Any, outer_stride: Any) -> XLAShardedTensor:
+    """The pjrt tensor for ``inner``: the data it is linked to, or a new tracing tensor.
+
+    Both report the strides torch traced (``outer_stride``): AOTAutograd makes an output that is a view
+    of an input (``a.t()``) again from that input with ``as_strided`` and the strides of what the
+    compiled function returned, so these must be the view's, not those of the values' own layout.
+    """
+    data = getattr(inner, "_pjrt_linked", None)
+    if data is None and type(inner) is torch.Tensor:  # not traced (fake/functional): another backend ran the graph
+        raise RuntimeError(
+            "pjrt tensors run under torch.compile only with backend=\"pjrt\" (or \"eager\"): another backend "
+            "computed on the meta tensors that stand for them, which hold no values")
+    t = torch.Tensor._make_wrapper_subclass(XLAShardedTensor, outer_size, strides=outer_stride, dtype=inner.dtype,
+                                            device=_device.TORCH_DEVICE,
+                                            requires_grad=inner.requires_grad if data is None else False)
+    t._pjrt_data = data
+    if data is not None:
+        return t
+    t.__dict__["_pjrt_inner_tensor"] = inner
+    tracing_tensors_alive.append(None)  # list operations: atomic, finalizers run on any thread
+    weakref.finalize(t, tracing_tensors_alive.pop)
+    return t
+
+
+def _is_tracing_tensor(x: Any) -> bool:
+    return isinstance(x, XLAShardedTensor) and x._pjrt_data is None
+
+
+def is_tracing(args: tuple, kwargs: dict) -> bool:
+    """Whether a tracing tensor is among the arguments of an op (or in a list argument). Every op asks while
+    tracing tensors are alive (dynamo keeps some after compiling): cheaper than flattening the arguments."""
+    for group in (args, kwargs.values()):
+        for a in group:
+            if _is_tracing_tensor(a):
+                return True
+            if type(a) in (list, tuple) and any(_is_tracing_tensor(b) for b in a):
+                return True
+    return False
+
+
+def trace_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """An op on tracing tensors: run it on their inner tensors, wrap the inner results (those on the meta device)."""
+
+    def inner(x: XLAShardedTensor) -> torch.Tensor:
+        if x._pjrt_data is not None:
+            raise RuntimeError(f"torch.compile: {func} mixes a traced pjrt tensor with one it did not trace; pass "
+                               "every pjrt tensor the compiled function uses as an argument or module attribute")
+        return x.__dict__["_pjrt_inner_tensor"]
+
+    def on_meta(x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, XLAShardedTensor):
+            return inner(x)
+        # A factory's tensor (torch.arange(n, device=x.device)), traced as a plain tensor on pjrt: the inner
+        # tensors live on the meta device (the lowering ignores devices).
+        return x.to(_META) if x.device.type == _device.DEVICE_TYPE else x
+
+    out = func(*tree_map_only(torch.Tensor, on_meta, args), **tree_map_only(torch.Tensor, on_meta, kwargs))
+    wrapped = tree_map_only(torch.Tensor, lambda o: outer_of(o, o.shape, o.stride()) if o.device == _META else o, out)
+    from torch.utils._python_dispatch import return_and_correct_aliasing
+
+    return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+# -- the backend ---------------------------------------------------------------------------------
+
+
+def pjrt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    """The ``torch.compile`` backend for pjrt tensors (``backend="pjrt"``): AOTAutograd, each graph a region."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph)(gm, example_inputs, **kwargs)
+
+
+def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """A graph of AOTAutograd (forward, backward or inference) as a function of the linked meta tensors."""
+    try:
+        graph, inputs, outputs, positions, num_outputs, plain = _region_graph(gm, example_inputs)
+    except (UnsupportedOpError, NotImplementedError) as exc:
+        logger.info("torch.compile graph of %d nodes runs op by op on the pjrt device: %s", len(gm.graph.nodes), exc)
+        return _run_op_by_op(gm)
+    region_id = register_region(graph, inputs, outputs)
+
+    def run(args: list[Any]) -> list[Any]:  # boxed: AOTAutograd hands over its list, which is emptied
+        tensors = [_pjrt_tensor(a) for a in args]
+        args.clear()
+        with torch.no_grad():
+            results = REGION(region_id, tensors)
+        out: list[Any] = [None] * num_outputs
+        for position, result, is_plain in zip(positions, results, plain):
+            out[position] = result if is_plain else _linked(result._pjrt_data)
+        return out
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _region_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx.Graph, tuple, tuple, list, int, list]:
+    """The graph to register (meta values, every call lowerable), its input and output metas, the position of
+    each of those outputs among the graph's, how many the graph has (the others are None, such as a
+    gradient nobody asked for), and which are plain tensors (see :func:`_output_devices`)."""
+    inputs = tuple(_as_meta(x, "input") for x in example_inputs)
+    devices = _output_devices(gm)
+    refused = [d for d in devices if d not in (None, "meta", _device.DEVICE_TYPE)]
+    if refused:  # .cpu() inside: a CPU tensor, not a pjrt one
+        raise NotImplementedError(f"a graph output is a tensor on {refused[0]}")
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))  # graph_copy returns what the graph outputs
+    for node in graph.nodes:
+        if node.op == "call_function" and is_random(node.target):
+            raise NotImplementedError(f"{node.target} draws random numbers, which regions do not do yet")
+        if node.op == "get_attr":
+            raise NotImplementedError("graphs with attributes (constants held by the module) are not regions yet")
+        if "val" in node.meta:
+            node.meta["val"] = tree_map_only(torch.Tensor, lambda v: _as_meta(v, node.name), node.meta["val"])
+    output = next(n for n in graph.nodes if n.op == "output")
+    leaves = list(output.args[0]) if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
+    positions, kept = [], []
+    for position, leaf in enumerate(leaves):
+        if leaf is None:
+            continue
+        if not isinstance(leaf, fx.Node) or not isinstance(leaf.meta.get("val"), torch.Tensor):
+            raise NotImplementedError(f"a graph output is {type(leaf).__name__}, not a tensor")
+        positions.append(position)
+        kept.append(leaf)
+    output.args = (tuple(kept),)
+    graph.eliminate_dead_code()
+    expanded = expand_graph(graph)
+    outputs = tuple(leaf.meta["val"] for leaf in kept)
+    plain = [devices[p] == _device.DEVICE_TYPE for p in positions]
+    return expanded, inputs, outputs, positions, len(leaves), plain
+
+
+def _output_devices(gm: fx.GraphModule) -> list[str | None]:
+    """The device type each output of ``gm`` was traced on: ``meta`` for the inner tensor of a pjrt tensor,
+    ``pjrt`` for a plain tensor a factory made there (``torch.arange(n, device=x.device)``), which the
+    compiled function returns as the pjrt tensor itself; None for what is not a tensor."""
+    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    leaves = output if isinstance(output, (tuple, list)) else [output]
+    devices = []
+    for leaf in leaves:
+        value = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
+        devices.append(value.device.type if isinstance(value, torch.Tensor) else None)
+    return devices
+
+
+def _as_meta(value: Any, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise NotImplementedError(f"{what} is a {type(value).__name__}, not a tensor (dynamic shapes are not "
+                                  "regions yet)")
+    if any(not isinstance(s, int) for s in value.shape):
+        raise NotImplementedError(f"{what} has a dynamic shape, which regions do not have yet")
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+
+
+def _pjrt_tensor(x: Any) -> Any:
+    """The pjrt tensor a compiled function's argument stands for (a linked meta tensor, or a CPU tensor)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    data = getattr(x, "_pjrt_linked", None)
+    if data is not None:
+        return wrap(data)
+    if isinstance(x, XLAShardedTensor):
+        return x
+    if x.device.type == "cpu":
+        return x.to(_device.TORCH_DEVICE)
+    raise RuntimeError(f"torch.compile on pjrt: an argument on {x.device} is neither a pjrt nor a CPU tensor")
+
+
+def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
+    """``gm`` run by the engine op by op (a graph that is not a region); what was traced on the meta device
+    (the inner tensors) is made on pjrt."""
+    devices = _output_devices(gm)
+    for node in gm.graph.nodes:
+        if node.kwargs.get("device") == _META:
+            node.kwargs = {**node.kwargs, "device": _device.TORCH_DEVICE}
+    gm.recompile()
+
+    def run(args: list[Any]) -> list[Any]:
+        tensors = [_pjrt_tensor(a) for a in args]
+        args.clear()
+        with torch.no_grad():
+            results = gm(*tensors)
+        return [_linked(r._pjrt_data) if device == "meta" else r for r, device in zip(results, devices)]
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run

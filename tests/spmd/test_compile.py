@@ -1,0 +1,182 @@
+"""``torch.compile(..., backend="pjrt")`` (issue 16: a cache hit records one op per graph, not one per operator).
+
+The backend is found through the real ``torch_dynamo_backends`` entry point of the installed package.
+Compiled functions and training steps give the numbers of the same code run eagerly on pjrt (and of
+torch on the CPU); graphs that do not lower whole (dropout) run op by op; ``.cpu()`` inside, factories
+on the input's device, input mutation and ``mark_sharding`` around a compiled function keep their
+meaning.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd import _executor
+
+from _exec_support import assert_close, engine  # noqa: F401
+
+MESH = xs.Mesh(range(8), (2, 4), ("data", "model"))
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch (dynamo caches compiled frames by code object)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _recorded_ops(fn) -> tuple[int, torch.Tensor]:
+    xs.sync()
+    before = _executor.metrics().ops_recorded
+    result = fn()
+    xs.sync()
+    return _executor.metrics().ops_recorded - before, result
+
+
+def test_the_backend_is_found_by_name_and_a_cache_hit_records_one_op(engine):
+    assert "pjrt" in torch._dynamo.list_backends()  # the installed entry point
+    x, w = torch.randn(16, 8), torch.randn(8, 4)
+    xp = xs.mark_sharding(x.to("pjrt"), MESH, ("data", None))
+    wp = w.to("pjrt")
+
+    def f(a, b):
+        return torch.tanh(a @ b).softmax(-1).sum(0) * 3 + 1
+
+    compiled = torch.compile(f, backend="pjrt", fullgraph=True)
+    assert_close("first call", compiled(xp, wp).cpu(), f(x, w))
+    eager_ops, _ = _recorded_ops(lambda: f(xp, wp))
+    compiles = _executor.metrics().compiles
+    compiled_ops, out = _recorded_ops(lambda: compiled(xp, wp))
+    assert_close("second call", out.cpu(), f(x, w))
+    assert compiled_ops == 1 < eager_ops
+    assert _executor.metrics().compiles == compiles
+
+
+def _gpt_like(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(32, 16)
+            self.ln = nn.LayerNorm(16)
+            self.fc = nn.Linear(16, 64)
+            self.out = nn.Linear(64, 32)
+
+        def forward(self, idx, tgt):
+            pos = torch.arange(idx.shape[1], device=idx.device)  # a factory on the input's device
+            x = self.tok(idx) + self.tok(pos)
+            h = self.out(F.gelu(self.fc(self.ln(x))))
+            return F.cross_entropy(h.view(-1, 32), tgt.reshape(-1))
+
+    return Net()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_compiled_training_step_gives_the_eager_numbers(engine, fused):
+    ref = _gpt_like(0)
+    eager, compiled_model = copy.deepcopy(ref).to("pjrt"), copy.deepcopy(ref).to("pjrt")
+    for model in (eager, compiled_model):
+        xs.mark_sharding(model.fc.weight, MESH, ("model", None))
+        xs.mark_sharding(model.out.weight, MESH, (None, "model"))
+    idx, tgt = torch.randint(0, 32, (8, 6)), torch.randint(0, 32, (8, 6))
+    batch = [xs.mark_sharding(t.to("pjrt"), MESH, ("data", None)) for t in (idx, tgt)]
+    step_fns = [eager, torch.compile(compiled_model, backend="pjrt")]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, fused=fused or None)
+            for m in (ref, eager, compiled_model)]
+    losses: list[list[float]] = [[], [], []]
+    for step in range(4):
+        if step == 3:
+            compiles = _executor.metrics().compiles
+        for fn, opt, inputs, out in zip((ref, *step_fns), opts, ((idx, tgt), batch, batch), losses):
+            loss = fn(*inputs)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss)
+        xs.sync()
+    assert _executor.metrics().compiles == compiles  # a steady step reuses its program
+    ref_losses, eager_losses, compiled_losses = ([float(v) for v in vs] for vs in losses)
+    assert compiled_losses == eager_losses
+    assert compiled_losses == pytest.approx(ref_losses, rel=1e-5)
+    assert compiled_losses[-1] < compiled_losses[0]
+    for (name, p), r in zip(compiled_model.named_parameters(), ref.parameters()):
+        assert_close(name, p.cpu(), r, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_runs_op_by_op_with_the_device_random_numbers(engine):
+    torch.manual_seed(1)
+    x = torch.rand(64, 32) + 1
+    compiled = torch.compile(lambda a: F.dropout(a, 0.5, training=True), backend="pjrt")
+    out = compiled(x.to("pjrt")).cpu()
+    kept = out != 0
+    assert 0.3 < kept.float().mean() < 0.7
+    torch.testing.assert_close(out[kept], x[kept] * 2)
+
+
+def test_cpu_results_input_mutation_and_views_keep_their_meaning(engine):
+    x = torch.randn(4, 6)
+    xp = x.to("pjrt")
+
+    def f(a):
+        a.add_(1)  # written back into the caller's tensor
+        return (a * 2).cpu(), a.t()
+
+    host, view = torch.compile(f, backend="pjrt")(xp)
+    assert host.device.type == "cpu" and torch.equal(host, (x + 1) * 2)
+    assert torch.equal(xp.cpu(), x + 1)
+    assert torch.equal(view.cpu(), (x + 1).t())
+
+
+def test_mark_sharding_inside_a_compiled_function_runs_eagerly(engine):
+    """Dynamo does not trace into pjrt_plugins: the call breaks the graph and runs as written."""
+    x = torch.randn(8, 4)
+
+    def f(a):
+        marked = xs.mark_sharding(a + 1, MESH, ("data", None))
+        return marked, marked * 2
+
+    marked, out = torch.compile(f, backend="pjrt")(x.to("pjrt"))
+    assert marked.sharding_spec == xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), MESH, ("data", None)).sharding_spec
+    assert torch.equal(out.cpu(), (x + 1) * 2)
+
+
+def test_a_new_shape_recompiles_and_eager_ops_stay_right_after_tracing(engine):
+    compiled = torch.compile(lambda a: a.cumsum(0) - a.mean(), backend="pjrt", dynamic=False)
+    for n in (4, 7):
+        x = torch.randn(n, 3)
+        assert_close(f"shape {n}", compiled(x.to("pjrt")).cpu(), x.cumsum(0) - x.mean())
+    x = torch.randn(5)
+    assert torch.equal((x.to("pjrt") * 3).cpu(), x * 3)  # eager, while dynamo may keep traced tensors
+    model = copy.deepcopy(_gpt_like(2)).to("pjrt")
+    torch.compile(model, backend="pjrt")(torch.zeros(2, 3, dtype=torch.long).to("pjrt"),
+                                         torch.zeros(2, 3, dtype=torch.long).to("pjrt"))
+    clone = copy.deepcopy(model)  # the inner tensors torch traced are not copied with the parameters
+    assert "_pjrt_inner_tensor" not in clone.fc.weight.__dict__
+    assert torch.equal(clone.fc.weight.cpu(), model.fc.weight.cpu())
+
+
+def test_lazy_inputs_are_recorded_into_the_same_program(engine):
+    x = torch.randn(6, 6)
+    compiled = torch.compile(lambda a: a @ a.t(), backend="pjrt")
+    compiled(x.to("pjrt"))
+    xs.sync()
+    executions = _executor.metrics().executions
+    out = compiled(x.to("pjrt") + 1) + 2  # eager ops before and after the region: one program
+    assert_close("out", out.cpu(), (x + 1) @ (x + 1).t() + 2, rtol=1e-5, atol=1e-5)
+    assert _executor.metrics().executions == executions + 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_another_backend_is_refused_with_a_clear_error(engine, backend):
+    x = torch.randn(4, 3)
+    with pytest.raises(Exception, match='backend="pjrt"'):
+        torch.compile(lambda a: a.sin() + 1, backend=backend)(x.to("pjrt"))
+    assert torch.equal(torch.compile(lambda a: a * 2, backend="eager")(x.to("pjrt")).cpu(), x * 2)
