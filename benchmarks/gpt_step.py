@@ -20,8 +20,11 @@ every side alike, and the load average is printed. ``--sweep 1,2,4,...`` measure
 at each depth and reports the per-layer slope of the step time and of the tracing overhead.
 
 ``--fused`` gives ours and eager torch ``AdamW(fused=True)`` (PyTorch/XLA keeps its foreach path).
+``--compile`` adds a side "ours, torch.compile": the same model under ``torch.compile(backend="pjrt")``
+(forward and backward recorded as one op each; the optimizer as without it). Its Python per traced op
+divides its tracing CPU time by the ATen ops the eager ours records for the same step.
 
-Run: python benchmarks/gpt_step.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5] [--fused]
+Run: python benchmarks/gpt_step.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5] [--fused] [--compile]
      [--torch-xla-python PATH] [--sweep 1,2,4,8,16,32]
 """
 
@@ -178,7 +181,7 @@ def torch_model(cfg: Config):
 class TorchSide:
     """One torch training loop: eager CPU, ours (``pjrt``) or PyTorch/XLA (``xla``)."""
 
-    def __init__(self, cfg: Config, kind: str, fused: bool = False) -> None:
+    def __init__(self, cfg: Config, kind: str, fused: bool = False, compiled: bool = False) -> None:
         import torch
 
         self.torch, self.kind = torch, kind
@@ -209,6 +212,7 @@ class TorchSide:
             self.model, self.idx, self.tgt = model, idx, tgt
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS,
                                      weight_decay=WEIGHT_DECAY, fused=fused or None)
+        self.forward = torch.compile(self.model, backend="pjrt") if compiled else self.model
         self.loss = None
         self.run(2)  # the first step creates the optimizer state, the second is the steady-state program
 
@@ -232,7 +236,7 @@ class TorchSide:
             if pjrt:
                 self.xs.metrics()  # nothing pending: keeps the engine's timers out of the next step
             c0, t0 = cpu(), clock()
-            loss = self.model(self.idx, self.tgt)
+            loss = self.forward(self.idx, self.tgt)
             loss.backward()
             self.opt.step()
             self.opt.zero_grad()
@@ -375,10 +379,14 @@ def _load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+COMPILED = "ours, torch.compile"
+
+
 def compare(cfg: Config, args: argparse.Namespace) -> None:
     """The step of every side at one size, interleaved, with our split."""
     print(f"GPT d_model {cfg.d_model}, {cfg.layers} layers, vocab {VOCAB}, batch {BATCH}x{SEQ}, "
-          f"AdamW{' (fused=True for ours and eager)' if args.fused else ''}, "
+          f"AdamW{' (fused=True for ours and eager)' if args.fused else ''}"
+          f"{', ours also under torch.compile' if args.compile else ''}, "
           f"mesh (2, 4), 8 CPU devices; {os.cpu_count()} cpus, {_load()}", flush=True)
     import torch
 
@@ -397,6 +405,11 @@ def compare(cfg: Config, args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         ours = TorchSide(cfg, "pjrt", args.fused)
         print(f"ours ready in {time.perf_counter() - t0:.1f} s (two steps traced, compiled, run)", flush=True)
+        sides = {"ours": ours}
+        if args.compile:
+            t0 = time.perf_counter()
+            sides[COMPILED] = TorchSide(cfg, "pjrt", args.fused, compiled=True)
+            print(f"{COMPILED} ready in {time.perf_counter() - t0:.1f} s", flush=True)
         eager = TorchSide(cfg, "cpu", args.fused)
         results: dict[str, dict[str, list]] = {}
 
@@ -409,7 +422,8 @@ def compare(cfg: Config, args: argparse.Namespace) -> None:
             line = []
             for name, worker in peers.items():
                 add(name, worker.request("run", args.steps))
-            add("ours", ours.run(args.steps))
+            for name, side in sides.items():
+                add(name, side.run(args.steps))
             add("eager torch", eager.run(args.steps))
             for name in results:
                 line.append(f"{name} {_median_ms(results[name]['times'][-args.steps:]):.1f} ms "
@@ -449,6 +463,15 @@ def compare(cfg: Config, args: argparse.Namespace) -> None:
     goals = [(f"step / {name}", ours_step / _median_ms(results[name]["times"]), goal)
              for name, goal in (("PyTorch/XLA", 0.8), ("jax", 2.0)) if name in results]
     goals.append(("tracing CPU us per op", statistics.median(tracing_cpu) / ops * 1e6, 15.0))
+    if COMPILED in results:
+        compiled = results[COMPILED]
+        compiled_step = _median_ms(compiled["times"])
+        print(f"{COMPILED}: {statistics.median(compiled['ops']):.0f} ops recorded per step; tracing CPU "
+              f"{_median_ms(compiled['tracing_cpu']):.2f} ms, {statistics.median(compiled['tracing_cpu']) / ops * 1e6:.1f} "
+              f"us per ATen op of the eager step ({ops:.0f})")
+        goals += [(f"{COMPILED} step / {name}", compiled_step / _median_ms(results[name]["times"]), goal)
+                  for name, goal in (("PyTorch/XLA", 0.8), ("jax", 2.0)) if name in results]
+        goals.append((f"{COMPILED} tracing CPU us per op", statistics.median(compiled["tracing_cpu"]) / ops * 1e6, 15.0))
     for name, value, goal in goals:
         print(f"goal {name} <= {goal:g}: {value:.2f} -> {'met' if value <= goal else 'not met'}")
     print(f"done ({_load()})")
@@ -533,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-jax", action="store_true", help="skip the jax side")
     parser.add_argument("--fused", action="store_true",
                         help="AdamW(fused=True) for ours and eager torch (one recorded op per optimizer step)")
+    parser.add_argument("--compile", action="store_true",
+                        help='also run ours under torch.compile(backend="pjrt") (forward and backward one op each)')
     parser.add_argument("--sweep", default=None, help="comma-separated depths: run the depth sweep instead")
     parser.add_argument("--jax-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
