@@ -10,6 +10,7 @@ meaning.
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -26,10 +27,12 @@ MESH = xs.Mesh(range(8), (2, 4), ("data", "model"))
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Each test compiles from scratch (dynamo caches compiled frames by code object)."""
+    """Each test compiles from scratch (dynamo caches compiled frames by code object), and leaves no
+    garbage of dynamo's behind for the tests that look for reference cycles."""
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    gc.collect()
 
 
 def _recorded_ops(fn) -> tuple[int, torch.Tensor]:
