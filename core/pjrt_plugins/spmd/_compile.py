@@ -32,10 +32,10 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map_only
 
 from ..errors import UnsupportedOpError
-from . import _device
+from . import _device, _lazy
 from ._lowering import expand_graph, is_random
 from ._lowering._region import REGION, register_region
-from .tensor import XLAShardedTensor, tracing_tensors_alive, wrap
+from .tensor import XLAShardedTensor, tracing_tensors_alive, unwrap, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -164,13 +164,12 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callabl
     region_id = register_region(graph, inputs, outputs)
 
     def run(args: list[Any]) -> list[Any]:  # boxed: AOTAutograd hands over its list, which is emptied
-        tensors = [_pjrt_tensor(a) for a in args]
+        inputs = [_data_of(a) for a in args]
         args.clear()
-        with torch.no_grad():
-            results = REGION(region_id, tensors)
+        results = _lazy.record_data(REGION, (region_id, inputs))  # no tensor made for what torch gets as inner
         out: list[Any] = [None] * num_outputs
-        for position, result, is_plain in zip(positions, results, plain):
-            out[position] = result if is_plain else _linked(result._pjrt_data)
+        for position, data, is_plain in zip(positions, results, plain):
+            out[position] = wrap(data) if is_plain else _linked(data)
         return out
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -233,6 +232,14 @@ def _as_meta(value: Any, what: str) -> torch.Tensor:
     if any(not isinstance(s, int) for s in value.shape):
         raise NotImplementedError(f"{what} has a dynamic shape, which regions do not have yet")
     return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+
+
+def _data_of(x: Any) -> Any:
+    """The data (TensorData) a region's argument stands for."""
+    data = getattr(x, "_pjrt_linked", None)
+    if data is not None:
+        return data
+    return unwrap(_pjrt_tensor(x))
 
 
 def _pjrt_tensor(x: Any) -> Any:

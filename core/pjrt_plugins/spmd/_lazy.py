@@ -374,7 +374,7 @@ def _key(trace: _Trace, value: Any, lift: bool) -> Any:
         return (float, value) if value and value == value else (float, repr(value))  # -0.0 and nan by text
     if kind is list or kind is tuple:  # mostly ints (sizes) or tensors (a foreach op's lists): those inline
         return (kind, tuple([(int, v) if type(v) is int else _ref(trace, v._pjrt_data) if type(v) is _XST
-                             else _key(trace, v, lift) for v in value]))
+                             else _ref(trace, v) if type(v) is TensorData else _key(trace, v, lift) for v in value]))
     if kind is bool:
         return (bool, value)
     if value is None or kind in _BARE_CONSTANTS:
@@ -509,6 +509,8 @@ def _to_meta(value: Any) -> Any:
     tmod = _tensor_module()
     if isinstance(value, tmod.XLAShardedTensor):
         return value._pjrt_data.meta()
+    if isinstance(value, TensorData):  # recorded by data (record_data)
+        return value.meta()
     if isinstance(value, torch.Tensor):
         return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
     if isinstance(value, torch.device):
@@ -655,6 +657,8 @@ def _arg_spec(value: Any, any_float: bool = False) -> Any:
         if data is not None:
             return ("T", data.shape, data.dtype)
         return ("C", tuple(value.shape), value.dtype)
+    if isinstance(value, TensorData):
+        return ("T", value.shape, value.dtype)
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_arg_spec(v, any_float) for v in value))
     if isinstance(value, _CONSTANT_TYPES):
@@ -927,6 +931,21 @@ def _all_pjrt(tensors: Sequence[Any]) -> bool:
         if not isinstance(t, _XST):
             return False
     return True
+
+
+def record_data(func: Any, args: tuple) -> list[TensorData]:
+    """Record ``func(*args)``, an op returning a list of tensors whose arguments may hold the data of pjrt
+    tensors in lists, and return its results' data without making tensors for them (a torch.compile region:
+    ``_compile`` hands torch meta tensors linked to the data)."""
+    with _lock:
+        results = []
+        for value in _record(_op_info(func), args, {}, wrap=False):
+            trace = value.trace
+            _, shape, dtype = trace.outs[value.index]
+            data = TensorData.pending(shape, dtype, value)
+            trace.values.append(weakref.ref(data))
+            results.append(data)
+        return results
 
 
 def record_into(func: Any, args: tuple, targets: Sequence[Any]) -> None:
