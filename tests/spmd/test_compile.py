@@ -183,3 +183,55 @@ def test_another_backend_is_refused_with_a_clear_error(engine, backend):
     with pytest.raises(Exception, match='backend="pjrt"'):
         torch.compile(lambda a: a.sin() + 1, backend=backend)(x.to("pjrt"))
     assert torch.equal(torch.compile(lambda a: a * 2, backend="eager")(x.to("pjrt")).cpu(), x * 2)
+
+
+class _Tied(nn.Module):
+    """An embedding and a head sharing one weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 16)
+        self.head = nn.Linear(16, 20, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, i):
+        return self.head(torch.tanh(self.emb(i)))
+
+
+class _Breaks(nn.Module):
+    """A forward that dynamo cannot trace whole (a print): two graphs, eager code between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        print("between the graphs")
+        return self.b(torch.relu(h))
+
+
+@pytest.mark.parametrize("make, make_input", [
+    (_Tied, lambda: torch.randint(0, 20, (4, 5))),
+    (lambda: nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU()), lambda: torch.randn(8, 16)),
+    (_Breaks, lambda: torch.randn(8, 16)),
+    (lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 2)),
+     lambda: torch.randn(2, 3, 8, 8)),
+], ids=["tied-weights", "batchnorm-buffers", "graph-break", "conv2d"])
+def test_models_train_to_the_cpu_numbers(engine, make, make_input):
+    torch.manual_seed(3)
+    ref = make()
+    model = copy.deepcopy(ref).to("pjrt")
+    compiled = torch.compile(model, backend="pjrt")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
+    x = make_input()
+    for _ in range(2):
+        for fn, opt, inp in ((ref, opts[0], x), (compiled, opts[1], x.to("pjrt"))):
+            fn(inp).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        xs.sync()
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        assert_close(name, p.cpu(), r, rtol=1e-4, atol=1e-5)
+    for (name, b), r in zip(model.named_buffers(), ref.buffers()):  # BatchNorm's running statistics
+        assert_close(name, b.cpu(), r, rtol=1e-4, atol=1e-5)
