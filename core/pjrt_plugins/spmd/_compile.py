@@ -193,9 +193,8 @@ def _region_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx
         if node.op == "get_attr":
             raise NotImplementedError("graphs with attributes (constants held by the module) are not regions yet")
         if "val" in node.meta:
-            node.meta["val"] = tree_map_only(torch.Tensor, lambda v: _as_meta(v, node.name), node.meta["val"])
-    output = next(n for n in graph.nodes if n.op == "output")
-    leaves = list(output.args[0]) if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
+            node.meta["val"] = tree_map_only(torch.Tensor, lambda v, name=node.name: _as_meta(v, name), node.meta["val"])
+    output, leaves = _output_leaves(graph)
     positions, kept = [], []
     for position, leaf in enumerate(leaves):
         if leaf is None:
@@ -216,13 +215,18 @@ def _output_devices(gm: fx.GraphModule) -> list[str | None]:
     """The device type each output of ``gm`` was traced on: ``meta`` for the inner tensor of a pjrt tensor,
     ``pjrt`` for a plain tensor a factory made there (``torch.arange(n, device=x.device)``), which the
     compiled function returns as the pjrt tensor itself; None for what is not a tensor."""
-    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    leaves = output if isinstance(output, (tuple, list)) else [output]
     devices = []
-    for leaf in leaves:
+    for leaf in _output_leaves(gm.graph)[1]:
         value = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
         devices.append(value.device.type if isinstance(value, torch.Tensor) else None)
     return devices
+
+
+def _output_leaves(graph: fx.Graph) -> tuple[fx.Node, list[Any]]:
+    """The output node of an AOTAutograd graph and what it returns, one entry per output."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    values = output.args[0]
+    return output, list(values) if isinstance(values, (tuple, list)) else [values]
 
 
 def _as_meta(value: Any, what: str) -> torch.Tensor:

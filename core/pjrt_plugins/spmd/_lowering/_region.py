@@ -44,10 +44,6 @@ def register_region(graph: fx.Graph, inputs: tuple[torch.Tensor, ...], outputs: 
     return region_id
 
 
-def region(region_id: int) -> Region:
-    return _regions[region_id]
-
-
 @meta_rule(REGION)
 def _region_meta(region_id: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta") for o in _regions[region_id].outputs]
