@@ -45,6 +45,7 @@ XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
 POOL_SIZE_ENVS = ("PJRT_NPROC", "NPROC")
 THREADS_PER_DEVICE_WITH_XNNPACK = 2
 
+
 def library_problem() -> str | None:
     """Why no library is installed, with the fix, or ``None``. Cheap: nothing is opened.
 
@@ -103,6 +104,7 @@ def client_environment(device_count: int) -> dict[str, str]:
         threads = THREADS_PER_DEVICE_WITH_XNNPACK * device_count
         environment["PJRT_NPROC"] = str(max(os.cpu_count() or 1, threads))
     return environment
+
 
 def stall_timeout() -> float | None:
     """Seconds of no CPU use before a waiting execution is stuck: ``PJRT_CPU_STALL_TIMEOUT`` or 10; 0: off."""
