@@ -138,6 +138,17 @@ def test_cpu_results_input_mutation_and_views_keep_their_meaning(engine):
     assert torch.equal(view.cpu(), (x + 1).t())
 
 
+def test_tensors_made_by_factories_inside_come_back_as_pjrt_tensors(engine):
+    x = torch.randn(4)
+    compiled = torch.compile(lambda a: (a + 1, torch.arange(3, device=a.device) * 2.0,
+                                        torch.ones(2, 2, device="pjrt")), backend="pjrt")
+    plus, steps, ones = compiled(x.to("pjrt"))
+    assert all(isinstance(t, xs.XLAShardedTensor) for t in (plus, steps, ones))
+    assert torch.equal(plus.cpu(), x + 1)
+    assert torch.equal(steps.cpu(), torch.arange(3) * 2.0)
+    assert torch.equal(ones.cpu(), torch.ones(2, 2))
+
+
 def test_mark_sharding_inside_a_compiled_function_runs_eagerly(engine):
     """Dynamo does not trace into pjrt_plugins: the call breaks the graph and runs as written."""
     x = torch.randn(8, 4)
