@@ -114,14 +114,27 @@ def test_a_compiled_training_step_gives_the_eager_numbers(engine, fused):
         assert_close(name, p.cpu(), r, rtol=1e-4, atol=1e-5)
 
 
-def test_dropout_runs_op_by_op_with_the_device_random_numbers(engine):
-    torch.manual_seed(1)
+def test_dropout_in_a_region_draws_the_eager_masks(engine):
+    """A region's random ops take keys of the device RNG stream when the call is recorded, one per op as
+    the engine does: the same seed gives the eager mask, and every call a new one."""
     x = torch.rand(64, 32) + 1
-    compiled = torch.compile(lambda a: F.dropout(a, 0.5, training=True), backend="pjrt")
-    out = compiled(x.to("pjrt")).cpu()
-    kept = out != 0
+    xp = x.to("pjrt")
+
+    def f(a):
+        return F.dropout(a * 1.0, 0.5, training=True)
+
+    compiled = torch.compile(f, backend="pjrt")
+    compiled(xp)
+    torch.manual_seed(5)
+    eager = f(xp).cpu()
+    torch.manual_seed(5)
+    ops, out = _recorded_ops(lambda: compiled(xp))
+    assert ops == 1
+    assert torch.equal(out.cpu(), eager)
+    kept = eager != 0
     assert 0.3 < kept.float().mean() < 0.7
-    torch.testing.assert_close(out[kept], x[kept] * 2)
+    torch.testing.assert_close(eager[kept], x[kept] * 2)
+    assert not torch.equal(compiled(xp).cpu(), eager)
 
 
 def test_cpu_results_input_mutation_and_views_keep_their_meaning(engine):

@@ -16,8 +16,9 @@ the linked meta tensors; it records the region on the pjrt tensors behind them a
 tensors linked to the results, which ``__tensor_unflatten__`` (:func:`outer_of`) turns back into
 pjrt tensors.
 
-A graph that does not lower whole (random ops such as dropout, an operator without a lowering,
-dynamic shapes) runs op by op through the engine instead: correct, at eager speed.
+A graph that does not lower whole (an operator without a lowering, dynamic shapes) runs op by op
+through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each
+call draws its keys of the device RNG stream, as eager ops do.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map_only
 
 from ..errors import UnsupportedOpError
-from . import _device, _lazy
-from ._lowering import expand_graph, is_random
-from ._lowering._region import REGION, register_region
+from . import _device, _executor, _lazy
+from ._device import next_rng_keys
+from ._lowering import expand_graph
+from ._lowering._region import REGION, region, register_region
 from .tensor import XLAShardedTensor, tracing_tensors_alive, unwrap, wrap
 
 logger = logging.getLogger(__name__)
@@ -162,10 +164,13 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callabl
         logger.info("torch.compile graph of %d nodes runs op by op on the pjrt device: %s", len(gm.graph.nodes), exc)
         return _run_op_by_op(gm)
     region_id = register_region(graph, inputs, outputs)
+    random_ops = len(region(region_id).random_rows)
 
     def run(args: list[Any]) -> list[Any]:  # boxed: AOTAutograd hands over its list, which is emptied
-        inputs = [_data_of(a) for a in args]
+        inputs: list[Any] = [_data_of(a) for a in args]
         args.clear()
+        if random_ops:  # this call's keys of the device RNG stream, as the engine draws one per random op
+            inputs.append(_executor.rng_keys_tensor(next_rng_keys(random_ops)))
         results = _lazy.record_data(REGION, (region_id, inputs))  # no tensor made for what torch gets as inner
         out: list[Any] = [None] * num_outputs
         for position, data, is_plain in zip(positions, results, plain):
@@ -188,8 +193,6 @@ def _region_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # graph_copy returns what the graph outputs
     for node in graph.nodes:
-        if node.op == "call_function" and is_random(node.target):
-            raise NotImplementedError(f"{node.target} draws random numbers, which regions do not do yet")
         if node.op == "get_attr":
             raise NotImplementedError("graphs with attributes (constants held by the module) are not regions yet")
         if "val" in node.meta:

@@ -232,22 +232,30 @@ def lowered_decomposition_outputs(op: Any, args: tuple, kwargs: dict) -> Any | N
     return decomp(*args, **kwargs)  # on meta tensors: the outputs' shapes and structure
 
 
-def lower_subgraph(em: Emitter, graph: fx.Graph, inputs: list[TensorValue]) -> list[TensorValue]:
+def lower_subgraph(em: Emitter, graph: fx.Graph, inputs: list[TensorValue],
+                   rng: tuple[TensorValue, dict[fx.Node, int]] | None = None) -> list[TensorValue]:
     """Lower ``graph`` (every call lowerable, see ``expand_graph``) inline, its placeholders bound to ``inputs``;
-    returns its results (a torch.compile region, see ``_region``)."""
+    returns its results (a torch.compile region, see ``_region``). ``rng``: the key table its random nodes draw
+    from, and each one's row."""
     env: dict[fx.Node, Any] = {}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise LoweringError(f"internal: a region of {len(placeholders)} inputs was given {len(inputs)}")
     env.update(zip(placeholders, inputs))
-    outer_node, counts = em.node, {}
+    outer = em.node, em.rng_keys, em.rng_row
+    keys, rows = rng if rng is not None else (None, {})
+    counts: dict[str, int] = {}
     partitioned = em.options.num_partitions > 1
-    for node in graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        with ir.Location.name(node.name):
-            env[node] = _lower_node(em, node, env, counts, partitioned)
-    em.node = outer_node
+    try:
+        for node in graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            if rng is not None:
+                em.rng_keys, em.rng_row = keys, rows.get(node)
+            with ir.Location.name(node.name):
+                env[node] = _lower_node(em, node, env, counts, partitioned)
+    finally:
+        em.node, em.rng_keys, em.rng_row = outer
     output = next(n for n in graph.nodes if n.op == "output")
     return [env[leaf] for leaf in pytree.tree_leaves(output.args[0])]
 
