@@ -65,7 +65,7 @@ _library.impl("region", _region_meta, "Meta")
 
 @lowers(REGION)
 def _region(em: Emitter, out: list[torch.Tensor], region_id: int, inputs: list[TensorValue]) -> list[TensorValue]:
-    region = _regions[region_id]
-    if not region.random_rows:
-        return lower_subgraph(em, region.graph, list(inputs))
-    return lower_subgraph(em, region.graph, list(inputs[:-1]), rng=(inputs[-1], region.random_rows))
+    registered = _regions[region_id]
+    if not registered.random_rows:
+        return lower_subgraph(em, registered.graph, list(inputs))
+    return lower_subgraph(em, registered.graph, list(inputs[:-1]), rng=(inputs[-1], registered.random_rows))
