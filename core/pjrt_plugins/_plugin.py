@@ -44,6 +44,28 @@ def _torch_xla_variant(cls: type, base: type) -> type:
 
 
 _manager_lock = threading.RLock()
+
+
+
+def _new_plugin_manager() -> pluggy.PluginManager:
+    """A pluggy manager that never runs a plugin's properties while looking for its hooks.
+
+    pluggy before 1.7 reads every attribute with ``getattr`` when it registers a plugin;
+    on a DevicePlugin that ran the ``hook`` property, which builds the manager being
+    registered, and recursed until RecursionError. pluggy 1.7 looks statically, as here.
+    """
+    import inspect
+
+    import pluggy
+
+    class StaticPluginManager(pluggy.PluginManager):
+        def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+            found = inspect.getattr_static(plugin, name, None)
+            if not (inspect.isroutine(found) or isinstance(found, (staticmethod, classmethod))):
+                return None
+            return super().parse_hookimpl_opts(plugin, name)
+
+    return StaticPluginManager(PROJECT_NAME)
 _checked_classes: set[type] = set()
 
 
@@ -131,14 +153,12 @@ class DevicePlugin:
         if pm is not None:
             return pm
         self._require_initialized()
-        import pluggy
-
         from . import hookspecs
 
         with _manager_lock:
             pm = self.__dict__.get("_pm")
             if pm is None:
-                pm = pluggy.PluginManager(PROJECT_NAME)
+                pm = _new_plugin_manager()
                 pm.add_hookspecs(hookspecs)
                 pm.register(CoreDefaults(), name="core-defaults")
                 pm.register(self, name="backend")
