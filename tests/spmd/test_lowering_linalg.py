@@ -135,3 +135,35 @@ def test_inverse_and_solve_of_a_batch_of_empty_matrices(engine):
 def test_failed_factorizations_raise_torchs_error(engine, fn, message):
     with pytest.raises(torch.linalg.LinAlgError, match=message):
         fn(torch.tensor([[1.0, 2.0], [2.0, 4.0]]).to("pjrt"))
+
+
+@pytest.fixture
+def matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
+
+
+def test_products_follow_torchs_float32_matmul_precision(engine, matmul_precision):
+    # torch's default ("highest") computes float32 products in float32; XLA's DEFAULT lets a GPU
+    # use TF32 (seen on an H100: 1e-4 off torch). The setting is part of the program key.
+    from pjrt_plugins.spmd import _executor
+    from pjrt_plugins.spmd._lowering import LoweringOptions
+
+    a, w = torch.randn(4, 8), torch.randn(2, 3, 3, 3)
+    image = torch.randn(1, 3, 6, 6)
+    seen = {}
+    for setting, level in [("highest", "HIGHEST"), ("high", "HIGH"), ("medium", "DEFAULT")]:
+        matmul_precision(setting)
+        product = (a.to("pjrt") @ a.to("pjrt").T).cpu()
+        text = _executor.last_program().lowered.text
+        assert text.count(f"precision = [{level}, {level}]") == 1, text
+        conv = torch.nn.functional.conv2d(image.to("pjrt"), w.to("pjrt")).cpu()
+        conv_text = _executor.last_program().lowered.text
+        assert f"precision_config = [#stablehlo<precision {level}>, #stablehlo<precision {level}>]" in conv_text
+        seen[setting] = product
+        torch.testing.assert_close(conv, torch.nn.functional.conv2d(image, w))
+    for product in seen.values():  # the CPU plugin computes float32 at every level
+        torch.testing.assert_close(product, a @ a.T)
+    with pytest.raises(ValueError, match="unknown matmul precision 'low'"):
+        LoweringOptions(matmul_precision="low")

@@ -295,7 +295,8 @@ def last_program() -> CompiledProgram | None:
 
 
 def lowering_options(vd: Any) -> LoweringOptions:
-    """What the lowering takes from the active plugin: its gather factor, RNG default and StableHLO version."""
+    """What the lowering takes from the active plugin (its gather factor, RNG default and StableHLO
+    version) and from torch (the float32 matmul precision)."""
     plugin = vd.plugin
     version = None
     try:
@@ -310,6 +311,7 @@ def lowering_options(vd: Any) -> LoweringOptions:
         dense_gather_factor=int(plugin.dense_gather_factor()),
         rng_algorithm=plugin.rng_default(),
         target_version=version,
+        matmul_precision=torch.get_float32_matmul_precision(),
     )
 
 

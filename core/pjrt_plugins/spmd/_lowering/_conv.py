@@ -71,7 +71,7 @@ def conv_general(em: Emitter, lhs: TensorValue, rhs: TensorValue, g: ConvGeometr
                                        type=ir.IntegerType.get_signless(64))
     v = hlo.convolution(tensor_type(shape, lhs.dtype), lhs.value, rhs.value, dnums, g.feature_groups, g.batch_groups,
                         window_strides=list(g.strides), padding=padding, lhs_dilation=list(g.lhs_dilation),
-                        rhs_dilation=list(g.rhs_dilation))
+                        rhs_dilation=list(g.rhs_dilation), precision_config=em.options.precision_config())
     return TensorValue(v, tuple(shape), lhs.dtype)
 
 

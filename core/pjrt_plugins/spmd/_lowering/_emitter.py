@@ -20,6 +20,9 @@ from ...errors import LoweringError
 from ._mlir import is_unsigned, splat_attr, tensor_type
 
 RNG_ALGORITHMS = {"default": "DEFAULT", "three_fry": "THREE_FRY", "philox": "PHILOX"}
+#: torch.get_float32_matmul_precision() -> the StableHLO precision of matrix products and
+#: convolutions. The same three levels: full float32, then TF32 or bfloat16x3, then bfloat16.
+MATMUL_PRECISIONS = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
 
 
 @dataclass(frozen=True)
@@ -29,18 +32,28 @@ class LoweringOptions:
     ``dense_gather_factor``: the active plugin's factor (0 = always sparse gathers).
     ``rng_algorithm``: ``"default"``, ``"three_fry"`` or ``"philox"`` (the plugin's rng_default).
     ``target_version``: the StableHLO version of the portable artifact (None = jaxlib's own).
+    ``matmul_precision``: torch's float32 matmul precision (``torch.get_float32_matmul_precision()``);
+    ``"highest"``, torch's default, keeps GPUs from computing float32 products in TF32.
     """
 
     num_partitions: int = 1
     dense_gather_factor: int = 0
     rng_algorithm: str = "default"
     target_version: str | None = None
+    matmul_precision: str = "highest"
 
     def __post_init__(self) -> None:
         if self.rng_algorithm not in RNG_ALGORITHMS:
             raise ValueError(f"unknown RNG algorithm {self.rng_algorithm!r}; use one of {sorted(RNG_ALGORITHMS)}")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"unknown matmul precision {self.matmul_precision!r}; use one of {sorted(MATMUL_PRECISIONS)}")
         if self.num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {self.num_partitions}")
+
+    def precision_config(self) -> ir.ArrayAttr:
+        """The ``precision_config`` of a dot_general or convolution (one entry per operand)."""
+        level = hlo.PrecisionAttr.get(MATMUL_PRECISIONS[self.matmul_precision])
+        return ir.ArrayAttr.get([level, level])
 
     def use_dense_gather(self, gathered_dim: int) -> bool:
         """Seed 001's rule: dense unless the gathered dimension exceeds factor * 10; 0 = always sparse."""
@@ -434,7 +447,8 @@ class Emitter:
             lhs_contracting_dimensions=lc,
             rhs_contracting_dimensions=rc,
         )
-        v = hlo.dot_general(tensor_type(shape, lhs.dtype), lhs.value, rhs.value, dnums)
+        v = hlo.dot_general(tensor_type(shape, lhs.dtype), lhs.value, rhs.value, dnums,
+                            precision_config=self.options.precision_config())
         if not lb and lhs.rank == 2 and rhs.rank == 2 and len(lc) == 1:
             self._products[v] = (lhs, rhs, lc[0], rc[0])
         return TensorValue(v, tuple(shape), lhs.dtype)
