@@ -338,20 +338,26 @@ def test_libtpu_client_creation_fails_fast_with_its_own_message(python_subproces
     assert "ERROR" in result.stdout and "TPU initialization failed" in result.stdout
 
 
-def test_cuda_plugin_without_a_gpu_fails_fast_with_code_9(python_subprocess):
+def test_cuda_plugin_fails_fast_with_code_9_without_a_gpu_and_opens_with_one(python_subprocess):
+    from pjrt_plugin_gpu._plugin import gpu_count
+
     path = _cuda_plugin()
     code = textwrap.dedent(
         f"""
         from pjrt_plugins.runtime import Client, PjrtError
         try:
-            Client({str(path)!r})
+            with Client({str(path)!r}, {{"preallocate": False}}) as client:
+                print("OPENED", client.platform_name, len(client.devices))
         except PjrtError as exc:
             print("ERROR", exc.code, exc.code_name, exc.message)
         """
     )
     result = python_subprocess(code)
     assert result.returncode == 0, result.stderr[-2000:]  # and no crash at interpreter exit
-    assert "ERROR 9 FAILED_PRECONDITION No visible GPU devices." in result.stdout
+    if gpu_count():  # a GPU machine (tests/plugins/test_gpu_hardware.py has the rest)
+        assert f"OPENED cuda {gpu_count()}" in result.stdout, result.stdout
+    else:
+        assert "ERROR 9 FAILED_PRECONDITION No visible GPU devices." in result.stdout
 
 
 def test_stub_plugin_loads_and_runs_buffers(stub_library):
