@@ -2,7 +2,8 @@
 """Run torch's OpInfo database on the pjrt device and compare every result with the CPU.
 
 For each OpInfo that supports float32 (``torch.testing._internal.common_methods_invocations.op_db``),
-the first 3 float32 samples run on the CPU and on ``pjrt:0`` (the CPU plugin with 8 devices);
+the first 3 float32 samples run on the CPU and on ``pjrt:0`` (the CPU plugin with 8 devices, or
+another plugin with ``--plugin``);
 outputs (forward) and input gradients (backward, for ops that support autograd) must agree at
 rtol = atol = 1e-4. A pass that needed the CPU fallback (``xs.metrics().fallbacks``) is counted
 apart from a native one. Ops run in worker processes, many ops per process; a worker that dies
@@ -11,6 +12,7 @@ crash costs one op, not the sweep.
 
     .venv/bin/python scripts/opinfo_sweep.py                      # the whole sweep, prints the table
     .venv/bin/python scripts/opinfo_sweep.py --ops 'norm.*,roll' --verbose
+    PJRT_ALLOCATOR_PREALLOCATE=0 .venv/bin/python scripts/opinfo_sweep.py --plugin gpu --jobs 8
     .venv/bin/python scripts/opinfo_sweep.py --shard 1/4 --json out-1.json
     .venv/bin/python scripts/opinfo_sweep.py --table out-*.json   # merge shard results into one table
     .venv/bin/python scripts/opinfo_sweep.py --table all.json rerun.json  # rerun.json's ops replace all.json's
@@ -155,14 +157,14 @@ def _leaves(value: Any) -> list[Any]:
 class Device:
     """The device under test: how to move a sample there, bring results back and count fallbacks."""
 
-    def __init__(self) -> None:
+    def __init__(self, plugin: str = "cpu") -> None:
         import torch
 
         import pjrt_plugins.spmd as xs
 
         self.torch = torch
         self.xs = xs
-        xs.set_plugin("cpu", options={"cpu_device_count": 8})
+        xs.set_plugin(plugin, options={"cpu_device_count": 8} if plugin == "cpu" else None)
         xs.set_cpu_fallback(True)  # counted per op: a pass through it is not a native pass
         self.device = xs.device()
 
@@ -385,7 +387,7 @@ def _backward(runs: list[tuple], device: Device, result: OpResult) -> None:
 # =====================================================================================
 
 
-def worker_main(result_fd: int) -> int:
+def worker_main(result_fd: int, plugin: str = "cpu") -> int:
     """Read case keys (a JSON list) from stdin; write one JSON event per line to ``result_fd``."""
     import warnings
 
@@ -398,7 +400,7 @@ def worker_main(result_fd: int) -> int:
         out.flush()
 
     ops = float32_ops()
-    device = Device()
+    device = Device(plugin)
     emit(event="ready")
     for key in keys:
         result = check_op(key, device, ops, report=lambda phase, res: emit(event="start", op=res.op, phase=phase,
@@ -430,13 +432,14 @@ def _stderr_tail(path: str, count: int = 4) -> str:
 class _Worker:
     """One worker process running ``keys`` in order, and where it is."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, keys: list[str], plugin: str) -> None:
         self.keys = keys
+        self.plugin = plugin
         self.read_fd, write_fd = os.pipe()
         self.stderr = tempfile.NamedTemporaryFile(prefix="opinfo-worker-", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", str(write_fd)],
+            [sys.executable, os.path.abspath(__file__), "--worker", str(write_fd), "--plugin", plugin],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.stderr, pass_fds=(write_fd,), env=env,
         )
         os.close(write_fd)
@@ -478,11 +481,12 @@ class _Worker:
 
 
 def run_cases(keys: Sequence[str], *, jobs: int = 1, timeout: float = OP_TIMEOUT, startup_timeout: float = 300.0,
-              on_result: Any = None) -> list[OpResult]:
-    """Run ``keys`` in ``jobs`` worker processes; a dead or hung worker is replaced, its op recorded as such."""
+              on_result: Any = None, plugin: str = "cpu") -> list[OpResult]:
+    """Run ``keys`` in ``jobs`` worker processes on ``plugin``; a dead or hung worker is replaced, its op
+    recorded as such."""
     queues = [list(keys[i::jobs]) for i in range(max(1, jobs))]
     results: dict[str, OpResult] = {}
-    workers = [_Worker(q) for q in queues if q]
+    workers = [_Worker(q, plugin) for q in queues if q]
     while workers:
         for worker in list(workers):
             limit = timeout if worker.current else startup_timeout
@@ -529,7 +533,7 @@ def run_cases(keys: Sequence[str], *, jobs: int = 1, timeout: float = OP_TIMEOUT
             workers.remove(worker)
             rest = worker.remaining()
             if rest:
-                workers.append(_Worker(rest))
+                workers.append(_Worker(rest, plugin))
     return [results[k] for k in keys if k in results]
 
 
@@ -621,10 +625,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="print the table of earlier --json results and exit (a later file's op replaces an earlier one's)")
     parser.add_argument("--list", action="store_true", help="print the selected case keys and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each op's result as it comes")
+    parser.add_argument("--plugin", default="cpu",
+                        help="the plugin under test (default: cpu, with 8 devices; any other with its own defaults)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
-        return worker_main(args.worker)
+        return worker_main(args.worker, args.plugin)
     if args.table:
         results = _load(args.table)
         print(table(results))
@@ -640,7 +646,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{res.op:50} forward {res.forward:8} backward {res.backward:8} {res.seconds:7.1f}s "
                   f"{res.forward_detail or res.backward_detail}"[:300], flush=True)
 
-    results = run_cases(keys, jobs=args.jobs, timeout=args.timeout, on_result=progress)
+    results = run_cases(keys, jobs=args.jobs, timeout=args.timeout, on_result=progress, plugin=args.plugin)
     elapsed = time.time() - started
     if args.json:
         import torch
