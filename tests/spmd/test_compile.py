@@ -259,3 +259,85 @@ def test_models_train_to_the_cpu_numbers(engine, make, make_input):
         assert_close(name, p.cpu(), r, rtol=1e-4, atol=1e-5)
     for (name, b), r in zip(model.named_buffers(), ref.buffers()):  # BatchNorm's running statistics
         assert_close(name, b.cpu(), r, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_shapes_record_one_region_per_graph_for_every_size(engine, caplog):
+    # dynamic=True: one graph for every batch size; each size is a region of its own, made on first use.
+    torch.manual_seed(4)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    model = copy.deepcopy(ref).to("pjrt")
+    compiled = torch.compile(model, backend="pjrt", dynamic=True)
+    caplog.set_level("DEBUG", logger="pjrt_plugins.spmd._compile")
+    for batch in (4, 6, 8, 6):
+        x = torch.randn(batch, 8)
+        ops, out = _recorded_ops(lambda x=x: compiled(xs.mark_sharding(x.to("pjrt"), MESH, ("data", None))))
+        assert ops == 1, batch  # the forward region (the transfer of x is no op)
+        expected = ref(x)
+        assert_close(f"batch {batch}", out.cpu(), expected)
+        out.sum().backward()
+        expected.sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_close("accumulated gradient", p.grad.cpu(), q.grad)
+    assert "op by op" not in caplog.text, caplog.text
+    made = caplog.text.count("a region for the sizes")
+    assert made == 6, caplog.text  # forward and backward for each of the three batch sizes
+
+
+def test_a_new_sequence_length_keeps_training_in_regions(engine, caplog):
+    # Without dynamic=..., dynamo makes the sizes that changed symbolic on the second length (automatic
+    # dynamic shapes); the graphs it then gives the backend stay regions, and the numbers eager ones.
+    ref = _gpt_like(5)
+    eager, compiled_model = copy.deepcopy(ref).to("pjrt"), copy.deepcopy(ref).to("pjrt")
+    step_fns = [eager, torch.compile(compiled_model, backend="pjrt")]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled_model)]
+    caplog.set_level("DEBUG", logger="pjrt_plugins.spmd._compile")
+    for length in (6, 9, 12, 9):
+        idx, tgt = torch.randint(0, 32, (8, length)), torch.randint(0, 32, (8, length))
+        losses = []
+        for step, opt in zip(step_fns, opts):
+            batch = [xs.mark_sharding(t.to("pjrt"), MESH, ("data", None)) for t in (idx, tgt)]
+            opt.zero_grad()
+            loss = step(*batch)
+            loss.backward()
+            opt.step()
+            xs.sync()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5), length
+    for p, q in zip(eager.parameters(), compiled_model.parameters()):
+        assert_close("parameter", q.cpu(), p.cpu())
+    assert "op by op" not in caplog.text, caplog.text
+    assert "a region for the sizes" in caplog.text  # the graphs of lengths 9 and 12 are dynamic
+    idx = torch.zeros(8, 7, dtype=torch.long).to("pjrt")
+    ops, _ = _recorded_ops(lambda: step_fns[1](idx, idx))
+    assert ops == 1  # the forward of a length never seen: one region
+
+
+def test_an_integer_that_keeps_changing_stops_making_regions(engine, caplog, monkeypatch):
+    # A step counter becomes a symbolic int after it changes once: a region per value, kept for the process,
+    # would pile up, so past MAX_SIGNATURES the graph runs op by op.
+    from pjrt_plugins.spmd import _compile
+    from pjrt_plugins.spmd._lowering import _region
+
+    monkeypatch.setattr(_compile, "MAX_SIGNATURES", 3)
+    compiled = torch.compile(lambda a, step: a * step + step, backend="pjrt")
+    x = torch.randn(4)
+    xp = x.to("pjrt")
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd._compile")
+    for step in range(1, 9):
+        assert_close(f"step {step}", compiled(xp, step).cpu(), x * step + step)
+    assert caplog.text.count("met more than 3 signatures") == 1, caplog.text
+    regions = len(_region._regions)
+    for step in range(9, 12):
+        assert_close(f"step {step}", compiled(xp, step).cpu(), x * step + step)
+    assert len(_region._regions) == regions
+
+
+def test_a_dynamic_graph_that_is_no_region_runs_op_by_op(engine, caplog):
+    compiled = torch.compile(lambda a: (a * 2).cpu() + 1, backend="pjrt", dynamic=True)
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd._compile")
+    for n in (3, 5):
+        x = torch.randn(n)
+        out = compiled(x.to("pjrt"))
+        assert out.device.type == "cpu"
+        assert_close(f"size {n}", out, x * 2 + 1)
+    assert "op by op on the pjrt device for these shapes" in caplog.text

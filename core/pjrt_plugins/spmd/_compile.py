@@ -16,9 +16,12 @@ the linked meta tensors; it records the region on the pjrt tensors behind them a
 tensors linked to the results, which ``__tensor_unflatten__`` (:func:`outer_of`) turns back into
 pjrt tensors.
 
-A graph that does not lower whole (an operator without a lowering, dynamic shapes) runs op by op
-through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each
-call draws its keys of the device RNG stream, as eager ops do.
+A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic shapes after a size
+changed) becomes a region per concrete signature, made on the first call with it: the sizes are
+computed on meta tensors and written into a copy of the graph (:func:`_specialize`). A graph that does
+not lower whole (an operator without a lowering, a module constant) runs op by op through the engine
+instead: correct, at eager speed. Random ops (dropout) lower in a region: each call draws its keys of
+the device RNG stream, as eager ops do.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 from torch.utils._pytree import tree_map_only
 
 from ..errors import UnsupportedOpError
@@ -158,35 +163,67 @@ def pjrt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: An
 
 def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """A graph of AOTAutograd (forward, backward or inference) as a function of the linked meta tensors."""
+    if any(isinstance(x, torch.SymFloat | torch.SymBool) for x in example_inputs):
+        # A float that changes per call (not a size): a region per value would compile per value.
+        logger.info("torch.compile graph of %d nodes runs op by op on the pjrt device: it takes a symbolic float",
+                    len(gm.graph.nodes))
+        return _run_op_by_op(gm)
+    if any(_is_symbolic(x) for x in example_inputs):
+        return _run_specialized(gm)
     try:
-        graph, inputs, outputs, positions, num_outputs, plain = _region_graph(gm, example_inputs)
+        plan = _region_plan(gm, example_inputs)
     except (UnsupportedOpError, NotImplementedError) as exc:
         logger.info("torch.compile graph of %d nodes runs op by op on the pjrt device: %s", len(gm.graph.nodes), exc)
         return _run_op_by_op(gm)
-    region_id = register_region(graph, inputs, outputs)
-    random_ops = len(region(region_id).random_rows)
+    run_region = _region_runner(plan)
 
     def run(args: list[Any]) -> list[Any]:  # boxed: AOTAutograd hands over its list, which is emptied
         inputs: list[Any] = [_data_of(a) for a in args]
         args.clear()
-        if random_ops:  # this call's keys of the device RNG stream, as the engine draws one per random op
-            inputs.append(_executor.rng_keys_tensor(next_rng_keys(random_ops)))
-        results = _lazy.record_data(REGION, (region_id, inputs))  # no tensor made for what torch gets as inner
-        out: list[Any] = [None] * num_outputs
-        for position, data, is_plain in zip(positions, results, plain):
-            out[position] = wrap(data) if is_plain else _linked(data)
-        return out
+        return run_region(inputs)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
 
 
-def _region_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx.Graph, tuple, tuple, list, int, list]:
-    """The graph to register (meta values, every call lowerable), its input and output metas, the position of
-    each of those outputs among the graph's, how many the graph has (the others are None, such as a
-    gradient nobody asked for), and which are plain tensors (see :func:`_output_devices`)."""
+@dataclass
+class _RegionPlan:
+    """A graph made a region: what to register, and where its results go among the graph's outputs."""
+
+    graph: fx.Graph  # meta values, every call lowerable
+    inputs: tuple  # the inputs' meta tensors
+    outputs: tuple  # the meta tensors of the outputs the region computes
+    positions: list[int]  # where each of those goes among the graph's outputs
+    num_outputs: int  # how many the graph has (the others are None, or a constant)
+    plain: list[bool]  # which are plain tensors (see _output_devices)
+    constants: dict[int, Any]  # outputs that are numbers (a size saved for the backward, made concrete)
+
+
+def _region_runner(plan: _RegionPlan) -> Callable[[list[Any]], list[Any]]:
+    """Register ``plan``'s region; the function that records it on a call's input data."""
+    region_id = register_region(plan.graph, plan.inputs, plan.outputs)
+    random_ops = len(region(region_id).random_rows)
+
+    def run(inputs: list[Any]) -> list[Any]:
+        if random_ops:  # this call's keys of the device RNG stream, as the engine draws one per random op
+            inputs.append(_executor.rng_keys_tensor(next_rng_keys(random_ops)))
+        results = _lazy.record_data(REGION, (region_id, inputs))  # no tensor made for what torch gets as inner
+        out: list[Any] = [None] * plan.num_outputs
+        for position, value in plan.constants.items():
+            out[position] = value
+        for position, data, is_plain in zip(plan.positions, results, plan.plain):
+            out[position] = wrap(data) if is_plain else _linked(data)
+        return out
+
+    return run
+
+
+def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: list[str | None] | None = None,
+                 ) -> _RegionPlan:
+    """``gm`` as a region (raises NotImplementedError or UnsupportedOpError when it is not one). ``devices``: the
+    device type of each output as traced (default: read from ``gm``)."""
     inputs = tuple(_as_meta(x, "input") for x in example_inputs)
-    devices = _output_devices(gm)
+    devices = _output_devices(gm) if devices is None else devices
     refused = [d for d in devices if d not in (None, "meta", _device.DEVICE_TYPE)]
     if refused:  # .cpu() inside: a CPU tensor, not a pjrt one
         raise NotImplementedError(f"a graph output is a tensor on {refused[0]}")
@@ -198,9 +235,12 @@ def _region_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx
         if "val" in node.meta:
             node.meta["val"] = tree_map_only(torch.Tensor, lambda v, name=node.name: _as_meta(v, name), node.meta["val"])
     output, leaves = _output_leaves(graph)
-    positions, kept = [], []
+    positions, kept, constants = [], [], {}
     for position, leaf in enumerate(leaves):
         if leaf is None:
+            continue
+        if isinstance(leaf, (int, float, bool)):
+            constants[position] = leaf
             continue
         if not isinstance(leaf, fx.Node) or not isinstance(leaf.meta.get("val"), torch.Tensor):
             raise NotImplementedError(f"a graph output is {type(leaf).__name__}, not a tensor")
@@ -211,7 +251,114 @@ def _region_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx
     expanded = expand_graph(graph)
     outputs = tuple(leaf.meta["val"] for leaf in kept)
     plain = [devices[p] == _device.DEVICE_TYPE for p in positions]
-    return expanded, inputs, outputs, positions, len(leaves), plain
+    return _RegionPlan(expanded, inputs, outputs, positions, len(leaves), plain, constants)
+
+
+# -- graphs with dynamic shapes ------------------------------------------------------------------
+
+
+#: Regions one graph with dynamic shapes may make (they are kept for the process); later signatures run
+#: op by op. Sizes rarely take more values, but an integer that is no size (a step counter) takes one per
+#: call. Like eager code, both ways compile a program per integer value.
+MAX_SIGNATURES = 32
+
+
+def _is_symbolic(x: Any) -> bool:
+    if isinstance(x, torch.SymInt):
+        return True
+    return isinstance(x, torch.Tensor) and any(not isinstance(s, int) for s in x.shape)
+
+
+def _run_specialized(gm: fx.GraphModule) -> Callable[..., Any]:
+    """A graph with dynamic shapes: a region per concrete signature (the sizes and strides of the tensors and
+    the values of the sizes this call passes), made on the first call with it. The engine compiles one
+    program per shape in any case; dynamo keeps one graph for all of them. A signature whose graph does not
+    lower whole runs op by op."""
+    devices = _output_devices(gm)
+    runners: dict[tuple, Callable[[list[Any]], list[Any]]] = {}
+    op_by_op: list[Callable[..., Any]] = []
+
+    def run_op_by_op(args: list[Any]) -> list[Any]:
+        if not op_by_op:
+            op_by_op.append(_run_op_by_op(gm))
+        return op_by_op[0](args)
+
+    def run(args: list[Any]) -> list[Any]:
+        signature = tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        runner = runners.get(signature)
+        if runner is None:
+            if len(runners) == MAX_SIGNATURES:  # not kept: a counter would fill the dict
+                if not op_by_op:
+                    logger.warning("torch.compile graph of %d nodes met more than %d signatures (sizes or integers "
+                                   "that keep changing); new ones run op by op on the pjrt device",
+                                   len(gm.graph.nodes), MAX_SIGNATURES)
+                return run_op_by_op(args)
+            runner = runners[signature] = _specialized_runner(gm, args, devices, run_op_by_op)
+        return runner(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _specialized_runner(gm: fx.GraphModule, args: list[Any], devices: list[str | None],
+                        run_op_by_op: Callable[[list[Any]], list[Any]]) -> Callable[[list[Any]], list[Any]]:
+    """The function that runs ``gm`` on calls with the signature of ``args``: a region, else op by op."""
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    try:
+        graph = _specialize(gm, args)
+        plan = _region_plan(fx.GraphModule(gm, graph), [args[i] for i in tensors], devices)
+        run_region = _region_runner(plan)
+        logger.debug("torch.compile graph with dynamic shapes: a region for the sizes %s",
+                     [tuple(args[i].shape) for i in tensors])
+    except Exception as exc:  # noqa: BLE001 - any failure to specialize: the graph still runs, op by op
+        logger.info("torch.compile graph of %d nodes runs op by op on the pjrt device for these shapes: %s: %s",
+                    len(gm.graph.nodes), type(exc).__name__, exc)
+        return run_op_by_op
+
+    def run(args: list[Any]) -> list[Any]:
+        inputs = [_data_of(args[i]) for i in tensors]
+        args.clear()
+        return run_region(inputs)
+
+    return run
+
+
+def _specialize(gm: fx.GraphModule, args: Sequence[Any]) -> fx.Graph:
+    """A copy of ``gm``'s graph with this call's sizes: each node is computed on meta tensors, and every value
+    that is not a tensor (a size, a product of sizes) is written into its users as a constant, so the size
+    inputs go away and each tensor node's ``val`` is concrete."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    values: dict[fx.Node, Any] = {}
+    placeholders = iter(args)
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            a = next(placeholders)
+            values[node] = _meta_like(a) if isinstance(a, torch.Tensor) else a
+        elif node.op == "call_function":
+            device = node.kwargs.get("device")
+            if isinstance(device, torch.device) and device.type == _device.DEVICE_TYPE:
+                node.kwargs = {**node.kwargs, "device": _META}  # a factory made on pjrt: its meta stand-in
+            call_args, call_kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+            values[node] = node.target(*call_args, **call_kwargs)
+        elif node.op != "output":
+            raise NotImplementedError(f"a graph with a {node.op} node ({node.name}) is not a region yet")
+    for node in reversed(list(graph.nodes)):
+        if node.op == "output":
+            continue
+        value = values[node]
+        if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value)):
+            node.meta["val"] = value
+            continue
+        for user in list(node.users):
+            user.args, user.kwargs = fx.node.map_arg(
+                (user.args, user.kwargs), lambda n, node=node, value=value: value if n is node else n)
+        graph.erase_node(node)
+    return graph
+
+
+def _meta_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
 
 
 def _output_devices(gm: fx.GraphModule) -> list[str | None]:
