@@ -46,7 +46,6 @@ def _torch_xla_variant(cls: type, base: type) -> type:
 _manager_lock = threading.RLock()
 
 
-
 def _new_plugin_manager() -> pluggy.PluginManager:
     """A pluggy manager that never runs a plugin's properties while looking for its hooks.
 
@@ -66,6 +65,8 @@ def _new_plugin_manager() -> pluggy.PluginManager:
             return super().parse_hookimpl_opts(plugin, name)
 
     return StaticPluginManager(PROJECT_NAME)
+
+
 _checked_classes: set[type] = set()
 
 

@@ -76,9 +76,35 @@ def inner_of(t: XLAShardedTensor) -> torch.Tensor:
         return inner
     if inner is not None and inner._pjrt_linked is data and inner.shape == t.shape and inner.dtype == t.dtype:
         return inner
+    _check_view_layout(t, data)
     inner = _linked(data)
     t.__dict__["_pjrt_inner_tensor"] = inner
     return inner
+
+
+def _check_view_layout(t: XLAShardedTensor, data: Any) -> None:
+    """Refuse a view whose torch layout is not contiguous (``x[:, :n]``): a pjrt tensor reports contiguous
+    strides, and dynamo, which rebuilds a view input from its base, fails on the difference with an
+    internal error. Raised here, where dynamo first looks inside the tensor, the message says what to do."""
+    from torch._guards import TracingContext
+
+    if data.view_of is None or not t._is_view() or TracingContext.try_get() is None:
+        return  # only while dynamo traces: AOTAutograd's run time flattens views too (an expanded gradient)
+    root_ref, chain = data.view_of
+    root = root_ref()
+    if root is None:
+        return
+    layout = torch.empty(root.shape, dtype=root.dtype, device=_META)
+    try:
+        for op, args in chain:
+            layout = op(layout, *args)
+    except Exception:  # noqa: BLE001 - a chain that does not replay on meta: leave it to dynamo
+        return
+    if not layout.is_contiguous():
+        raise NotImplementedError(
+            f"torch.compile on pjrt: an input is a view of another pjrt tensor ({tuple(t.shape)} of "
+            f"{tuple(root.shape)}, strides {layout.stride()} in torch's layout) that pjrt reports as contiguous; "
+            "pass a copy (x[:, :n].clone()) or take the view inside the compiled function")
 
 
 def _linked(data: Any) -> torch.Tensor:
