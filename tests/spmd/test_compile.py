@@ -356,3 +356,19 @@ def test_a_view_input_torch_lays_out_otherwise_gets_a_clear_error(engine):
     inside = torch.compile(lambda a, n: a[:, :n] * 2, backend="pjrt")
     for n in (8, 12):
         assert_close(f"view inside, {n}", inside(xp, n).cpu(), x[:, :n] * 2)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_numbers_made_in_the_compiled_code_are_part_of_the_region(engine, dynamic, caplog):
+    # torch.tensor(2.5) in compiled code is a 0-d CPU constant that torch lifts out as a graph attribute.
+    def f(a):
+        return torch.where(a > 0, a * torch.tensor(2.5), torch.tensor(float("-inf")))
+
+    compiled = torch.compile(f, backend="pjrt", dynamic=dynamic)
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd._compile")
+    for rows in (2, 5):
+        x = torch.randn(rows, 3)
+        ops, out = _recorded_ops(lambda x=x: compiled(x.to("pjrt")))
+        assert ops == 1
+        assert torch.equal(out.cpu(), f(x))
+    assert "op by op" not in caplog.text, caplog.text

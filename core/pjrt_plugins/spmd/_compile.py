@@ -19,7 +19,7 @@ pjrt tensors.
 A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic shapes after a size
 changed) becomes a region per concrete signature, made on the first call with it: the sizes are
 computed on meta tensors and written into a copy of the graph (:func:`_specialize`). A graph that does
-not lower whole (an operator without a lowering, a module constant) runs op by op through the engine
+not lower whole (an operator without a lowering, a tensor constant that is not a number) runs op by op through the engine
 instead: correct, at eager speed. Random ops (dropout) lower in a region: each call draws its keys of
 the device RNG stream, as eager ops do.
 """
@@ -255,10 +255,10 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
         raise NotImplementedError(f"a graph output is a tensor on {refused[0]}")
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # graph_copy returns what the graph outputs
-    for node in graph.nodes:
+    for node in list(graph.nodes):
         if node.op == "get_attr":
-            raise NotImplementedError("graphs with attributes (constants held by the module) are not regions yet")
-        if "val" in node.meta:
+            _inline_constant(graph, node, getattr(gm, node.target))
+        elif "val" in node.meta:
             node.meta["val"] = tree_map_only(torch.Tensor, lambda v, name=node.name: _as_meta(v, name), node.meta["val"])
     output, leaves = _output_leaves(graph)
     positions, kept, constants = [], [], {}
@@ -278,6 +278,26 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     outputs = tuple(leaf.meta["val"] for leaf in kept)
     plain = [devices[p] == _device.DEVICE_TYPE for p in positions]
     return _RegionPlan(expanded, inputs, outputs, positions, len(leaves), plain, constants)
+
+
+def _inline_constant(graph: fx.Graph, node: fx.Node, value: Any) -> None:
+    """A number the graph holds (``torch.tensor(2.5)`` in the compiled code, a 0-d CPU tensor that torch lifts
+    into a module attribute) as a ``full`` node: part of the program, uploaded never."""
+    # Only the constants dynamo lifts out of the code (``_tensor_constant<N>``): a module's own tensor could be
+    # changed in place between calls, and a value written into the program would not follow.
+    if not (str(node.target).startswith("_tensor_constant") and isinstance(value, torch.Tensor)
+            and value.dim() == 0 and value.device.type == "cpu"):
+        raise NotImplementedError(f"graphs holding a constant that is not a number ({node.target}) are not regions yet")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # the backend runs under dynamo's fake mode; the constant is real
+        number = value.item()
+    with graph.inserting_before(node):
+        full = graph.call_function(torch.ops.aten.full.default, ((), number),
+                                   {"dtype": value.dtype, "device": _META})
+    full.meta["val"] = torch.empty((), dtype=value.dtype, device=_META)
+    node.replace_all_uses_with(full)
+    graph.erase_node(node)
 
 
 # -- graphs with dynamic shapes ------------------------------------------------------------------
@@ -367,6 +387,8 @@ def _specialize(gm: fx.GraphModule, args: Sequence[Any]) -> fx.Graph:
                 node.kwargs = {**node.kwargs, "device": _META}  # a factory made on pjrt: its meta stand-in
             call_args, call_kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
             values[node] = node.target(*call_args, **call_kwargs)
+        elif node.op == "get_attr":
+            values[node] = getattr(gm, node.target)  # a constant: _region_plan inlines it
         elif node.op != "output":
             raise NotImplementedError(f"a graph with a {node.op} node ({node.name}) is not a region yet")
     for node in reversed(list(graph.nodes)):
