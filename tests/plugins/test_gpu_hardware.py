@@ -196,6 +196,21 @@ def gpu_mesh():
     xs.set_plugin(None)
 
 
+def _adamw_losses(net, loss_of, steps, lr, sync):
+    """The losses of ``steps`` AdamW steps on ``net``; ``sync`` (``xs.sync`` or None) ends each step."""
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        opt.step()
+        if sync is not None:
+            sync()
+        losses.append(loss.item())
+    return losses
+
+
 def test_sharded_training_matches_torch_on_the_cpu(gpu_mesh):
     xs, mesh = gpu_mesh
     torch.manual_seed(0)
@@ -206,17 +221,8 @@ def test_sharded_training_matches_torch_on_the_cpu(gpu_mesh):
     xs.mark_sharding(x, mesh, ("data", None))
 
     def train(net, inputs, labels, sync):
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-        losses = []
-        for _ in range(5):
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(net(inputs), labels)
-            loss.backward()
-            opt.step()
-            if sync:
-                xs.sync()
-            losses.append(loss.item())
-        return losses
+        return _adamw_losses(net, lambda: nn.functional.cross_entropy(net(inputs), labels), 5, 1e-2,
+                             xs.sync if sync else None)
 
     ours = train(model, x, y, sync=True)
     expected = train(cpu_model, x_cpu, y_cpu, sync=False)
@@ -296,18 +302,12 @@ def test_a_small_gpt_trains_like_torch_on_the_cpu(gpu_mesh, compiled):
 
     def train(net, inputs, sync):
         step = torch.compile(net, backend="pjrt") if sync and compiled else net
-        opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
-        losses = []
-        for _ in range(4):
-            opt.zero_grad()
+
+        def loss():
             logits = step(inputs)
-            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 64), inputs[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            if sync:
-                xs.sync()
-            losses.append(loss.item())
-        return losses
+            return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 64), inputs[:, 1:].reshape(-1))
+
+        return _adamw_losses(net, loss, 4, 3e-3, xs.sync if sync else None)
 
     ours = train(model, ids, sync=True)
     expected = train(cpu_model, ids_cpu, sync=False)
