@@ -8,7 +8,8 @@ outputs (forward) and input gradients (backward, for ops that support autograd) 
 rtol = atol = 1e-4. A pass that needed the CPU fallback (``xs.metrics().fallbacks``) is counted
 apart from a native one. Ops run in worker processes, many ops per process; a worker that dies
 (abort, segfault) or hangs is replaced and the op it was running is recorded as a death, so one
-crash costs one op, not the sweep.
+crash costs one op, not the sweep. Ten deaths in a row with no op finishing in between stop the sweep
+(exit status 2): then something every op needs is broken.
 
     .venv/bin/python scripts/opinfo_sweep.py                      # the whole sweep, prints the table
     .venv/bin/python scripts/opinfo_sweep.py --ops 'norm.*,roll' --verbose
@@ -41,6 +42,10 @@ SAMPLES = 3
 RTOL = ATOL = 1e-4
 #: Seconds one op (all its samples, forward and backward) may take before its worker is killed.
 OP_TIMEOUT = 300.0
+#: Worker deaths in a row, with no op finishing in between, after which the sweep stops: something every op
+#: needs is broken (seen with a torch whose OpInfo database the sweep does not know), and replacing workers
+#: one op at a time would only mark every op dead.
+DEATHS_IN_A_ROW = 10
 
 #: Ops whose values come from a random number generator (or are uninitialized memory): only the
 #: shape, dtype and device of their results are compared, and their gradients' shapes.
@@ -480,13 +485,18 @@ class _Worker:
         os.unlink(self.stderr.name)
 
 
+class SweepStopped(RuntimeError):
+    """Workers kept dying with no op finishing in between (:data:`DEATHS_IN_A_ROW`)."""
+
+
 def run_cases(keys: Sequence[str], *, jobs: int = 1, timeout: float = OP_TIMEOUT, startup_timeout: float = 300.0,
-              on_result: Any = None, plugin: str = "cpu") -> list[OpResult]:
+              on_result: Any = None, plugin: str = "cpu", deaths_in_a_row: int = DEATHS_IN_A_ROW) -> list[OpResult]:
     """Run ``keys`` in ``jobs`` worker processes on ``plugin``; a dead or hung worker is replaced, its op
-    recorded as such."""
+    recorded as such. Raises :class:`SweepStopped` after ``deaths_in_a_row`` deaths with no op finishing."""
     queues = [list(keys[i::jobs]) for i in range(max(1, jobs))]
     results: dict[str, OpResult] = {}
     workers = [_Worker(q, plugin) for q in queues if q]
+    deaths = 0
     while workers:
         for worker in list(workers):
             limit = timeout if worker.current else startup_timeout
@@ -497,6 +507,7 @@ def run_cases(keys: Sequence[str], *, jobs: int = 1, timeout: float = OP_TIMEOUT
                         worker.current = (event["op"], event["phase"], event["forward"])
                     elif event["event"] == "result":
                         res = OpResult(**event["result"])
+                        deaths = 0
                         results[res.op] = res
                         worker.done.add(res.op)
                         worker.current = None
@@ -531,6 +542,15 @@ def run_cases(keys: Sequence[str], *, jobs: int = 1, timeout: float = OP_TIMEOUT
                     on_result(res)
             worker.close()
             workers.remove(worker)
+            deaths = deaths + 1 if status == "death" else 0
+            if deaths >= deaths_in_a_row:
+                for other in workers:
+                    other.kill()
+                    other.close()
+                raise SweepStopped(
+                    f"{deaths} workers in a row died with no op finishing in between; the last {detail}. Something "
+                    "every op needs is broken (the environment, the plugin, a torch version the sweep does not "
+                    "know): fix it and run the sweep again")
             rest = worker.remaining()
             if rest:
                 workers.append(_Worker(rest, plugin))
@@ -646,7 +666,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{res.op:50} forward {res.forward:8} backward {res.backward:8} {res.seconds:7.1f}s "
                   f"{res.forward_detail or res.backward_detail}"[:300], flush=True)
 
-    results = run_cases(keys, jobs=args.jobs, timeout=args.timeout, on_result=progress, plugin=args.plugin)
+    try:
+        results = run_cases(keys, jobs=args.jobs, timeout=args.timeout, on_result=progress, plugin=args.plugin)
+    except SweepStopped as exc:
+        print(f"the sweep stopped: {exc}", file=sys.stderr)
+        return 2
     elapsed = time.time() - started
     if args.json:
         import torch

@@ -152,6 +152,15 @@ def test_a_dead_worker_is_recorded_and_replaced(results):
     assert set(ALL_CASES) <= set(results), "cases after the death did not run"
 
 
+def test_the_sweep_stops_when_workers_keep_dying():
+    # Deaths in a row with no op finishing between them: something every op needs is broken (on a GPU
+    # image with torch 2.11 every worker died on its op, and the sweep marked all 680 ops dead).
+    with pytest.raises(sweep.SweepStopped, match=r"1 workers in a row died .*SIGABRT"):
+        sweep.run_cases(["harness.abort", "roll"], deaths_in_a_row=1)
+    results = sweep.run_cases(["harness.abort", "roll"], deaths_in_a_row=2)  # one death: the sweep goes on
+    assert [r.forward for r in results] == ["death", "pass"]
+
+
 def test_a_hung_op_is_killed_after_the_timeout():
     (hung,) = sweep.run_cases(["harness.hang"], timeout=5)
     assert hung.forward == "timeout" and "5 s" in hung.forward_detail, hung
