@@ -19,9 +19,9 @@ pjrt tensors.
 A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic shapes after a size
 changed) becomes a region per concrete signature, made on the first call with it: the sizes are
 computed on meta tensors and written into a copy of the graph (:func:`_specialize`). A graph that does
-not lower whole (an operator without a lowering, a tensor constant that is not a number) runs op by op through the engine
-instead: correct, at eager speed. Random ops (dropout) lower in a region: each call draws its keys of
-the device RNG stream, as eager ops do.
+not lower whole (an operator without a lowering, a tensor constant that is not a number) runs op by op
+through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each call
+draws its keys of the device RNG stream, as eager ops do.
 """
 
 from __future__ import annotations
@@ -380,7 +380,7 @@ def _specialize(gm: fx.GraphModule, args: Sequence[Any]) -> fx.Graph:
     for node in graph.nodes:
         if node.op == "placeholder":
             a = next(placeholders)
-            values[node] = _meta_like(a) if isinstance(a, torch.Tensor) else a
+            values[node] = _as_meta(a, node.name) if isinstance(a, torch.Tensor) else a
         elif node.op == "call_function":
             device = node.kwargs.get("device")
             if isinstance(device, torch.device) and device.type == _device.DEVICE_TYPE:
@@ -403,10 +403,6 @@ def _specialize(gm: fx.GraphModule, args: Sequence[Any]) -> fx.Graph:
                 (user.args, user.kwargs), lambda n, node=node, value=value: value if n is node else n)
         graph.erase_node(node)
     return graph
-
-
-def _meta_like(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
 
 
 def _output_devices(gm: fx.GraphModule) -> list[str | None]:

@@ -46,7 +46,8 @@ class LoweringOptions:
         if self.rng_algorithm not in RNG_ALGORITHMS:
             raise ValueError(f"unknown RNG algorithm {self.rng_algorithm!r}; use one of {sorted(RNG_ALGORITHMS)}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
-            raise ValueError(f"unknown matmul precision {self.matmul_precision!r}; use one of {sorted(MATMUL_PRECISIONS)}")
+            raise ValueError(f"unknown matmul precision {self.matmul_precision!r}; "
+                             f"use one of {sorted(MATMUL_PRECISIONS)}")
         if self.num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {self.num_partitions}")
 
