@@ -27,12 +27,15 @@ def test_the_wheelhouse_holds_a_checked_sdist_and_wheel_of_each_project(release_
     names = sorted(p.name for p in release_wheelhouse.iterdir())
     assert len(names) == 10, names
     wheels = wheels_in(release_wheelhouse)
-    stub_tags = {t.platform for t in parse_wheel_filename(wheels["pjrt-plugin-stub-neuron"].name)[3]}
-    assert all(p.startswith("manylinux") for p in stub_tags), stub_tags
-    for name in ("pjrt-plugins", "pjrt-plugin-cpu", "pjrt-plugin-gpu", "pjrt-plugin-tpu"):
+    for name in ("pjrt-plugin-stub-neuron", "pjrt-plugins"):  # a PJRT library; the runtime's fast path
+        tags = parse_wheel_filename(wheels[name].name)[3]
+        assert {(t.interpreter, t.abi) for t in tags} == {("py3", "none")}, tags
+        assert all(t.platform.startswith("manylinux") for t in tags), tags
+    for name in ("pjrt-plugin-cpu", "pjrt-plugin-gpu", "pjrt-plugin-tpu"):
         assert wheels[name].name.endswith("-py3-none-any.whl"), wheels[name]
     with zipfile.ZipFile(wheels["pjrt-plugins"]) as archive:
         assert "pjrt_plugins/conform/_template/csrc/api.c" in archive.namelist()
+        assert "pjrt_plugins/runtime/libpjrt_plugins_fastpath.so" in archive.namelist()
 
 
 def _rewrite_wheel(wheel: Path, target: Path, change) -> None:

@@ -156,3 +156,8 @@ def shim_report(path) -> str:
     reader = cffi.FFI()
     reader.cdef("const char* shim_report(void);")
     return reader.string(reader.dlopen(str(path), reader.RTLD_NOW | reader.RTLD_NODELETE).shim_report()).decode()
+
+
+def launch_ids(path) -> list[int]:
+    """The launch ids a shim built with SHIM_RECORD_LAUNCH_IDS saw, in order (over the whole process)."""
+    return [int(entry.split("=")[1]) for entry in shim_report(path).split(";") if entry.startswith("launch=")]

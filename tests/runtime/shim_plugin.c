@@ -17,6 +17,11 @@
  *   SHIM_NOT_ON_CPU        PJRT_Buffer_IsOnCpu answers false (buffers look like device memory)
  *   SHIM_FAIL_BUFFER_DESTROY  PJRT_Buffer_Destroy frees the buffer, then returns an error
  *   SHIM_FAIL_EVENT_IS_READY  PJRT_Event_IsReady returns an error
+ *   SHIM_FAIL_EXECUTION    awaiting an execution's device-complete event returns an error (a
+ *                          program that fails on its device; the real one ran)
+ *   SHIM_FAIL_EVENT_DESTROY   destroying a device-complete event destroys it, then returns an error
+ *   SHIM_FAIL_DATA_POINTER PJRT_Buffer_OpaqueDeviceMemoryDataPointer returns an error (each
+ *                          external reference taken and dropped is noted: "hold;" "unhold;")
  *   SHIM_STUCK_EXECUTE     an execution's device-complete events never become ready (the real
  *                          execution runs; its events are swapped for ones that never fire),
  *                          as when devices deadlock inside a plugin
@@ -36,6 +41,7 @@
  *                          pointers to data (what a real overstated table reads past its end)
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,10 +60,13 @@ static char report[8192];
 
 const char* shim_report(void) { return report; }
 
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;  /* executes run on several threads */
+
 static void note(const char* fmt, const char* a, size_t n) {
+  pthread_mutex_lock(&report_lock);
   size_t used = strlen(report);
-  if (used + n + 64 >= sizeof(report)) return;
-  snprintf(report + used, sizeof(report) - used, fmt, (int)n, a);
+  if (used + n + 64 < sizeof(report)) snprintf(report + used, sizeof(report) - used, fmt, (int)n, a);
+  pthread_mutex_unlock(&report_lock);
 }
 
 static inline void sleep_ms(long ms) {
@@ -81,7 +90,10 @@ static PJRT_Error* shim_is_on_cpu(PJRT_Buffer_IsOnCpu_Args* args) {
 }
 #endif
 
-#if defined(SHIM_FAIL_BUFFER_DESTROY) || defined(SHIM_FAIL_EVENT_IS_READY)
+#if defined(SHIM_FAIL_EXECUTION) || defined(SHIM_FAIL_EVENT_DESTROY) || defined(SHIM_FAIL_DATA_POINTER)
+#define SHIM_MAKES_ERRORS
+#endif
+#if defined(SHIM_FAIL_BUFFER_DESTROY) || defined(SHIM_FAIL_EVENT_IS_READY) || defined(SHIM_MAKES_ERRORS)
 /* A real PJRT_Error from the real plugin: look up a device id that does not exist. */
 static PJRT_Client* last_client;
 static PJRT_Error* shim_error(void) {
@@ -117,6 +129,56 @@ static PJRT_Error* shim_buffer_destroy(PJRT_Buffer_Destroy_Args* args) {
 #endif
 #ifdef SHIM_FAIL_EVENT_IS_READY
 static PJRT_Error* shim_event_is_ready(PJRT_Event_IsReady_Args* args) {
+  (void)args;
+  return shim_error();
+}
+#endif
+
+#if defined(SHIM_FAIL_EXECUTION) || defined(SHIM_FAIL_EVENT_DESTROY)
+/* The device-complete events handed out by the last Execute (told apart from other events). */
+static PJRT_Event* completions[64];
+static int is_completion(PJRT_Event* event) {
+  for (size_t i = 0; i < sizeof(completions) / sizeof(completions[0]); ++i)
+    if (event != NULL && completions[i] == event) return 1;
+  return 0;
+}
+static PJRT_Error* shim_recording_execute(PJRT_LoadedExecutable_Execute_Args* args) {
+  PJRT_Error* error = real_api->PJRT_LoadedExecutable_Execute(args);
+  memset(completions, 0, sizeof(completions));
+  if (error == NULL && args->device_complete_events != NULL)
+    for (size_t d = 0; d < args->num_devices && d < sizeof(completions) / sizeof(completions[0]); ++d)
+      completions[d] = args->device_complete_events[d];
+  return error;
+}
+static PJRT_Error* shim_completion_await(PJRT_Event_Await_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Event_Await(args);
+#ifdef SHIM_FAIL_EXECUTION
+  if (error == NULL && is_completion(args->event)) error = shim_error();
+#endif
+  return error;
+}
+static PJRT_Error* shim_completion_destroy(PJRT_Event_Destroy_Args* args) {
+  int completion = is_completion(args->event);
+  PJRT_Error* error = real_api->PJRT_Event_Destroy(args);
+#ifdef SHIM_FAIL_EVENT_DESTROY
+  if (error == NULL && completion) error = shim_error();
+#else
+  (void)completion;
+#endif
+  return error;
+}
+#endif
+
+#ifdef SHIM_FAIL_DATA_POINTER
+static PJRT_Error* shim_hold(PJRT_Buffer_IncreaseExternalReferenceCount_Args* args) {
+  note("%.*s", "hold;", 5);
+  return real_api->PJRT_Buffer_IncreaseExternalReferenceCount(args);
+}
+static PJRT_Error* shim_unhold(PJRT_Buffer_DecreaseExternalReferenceCount_Args* args) {
+  note("%.*s", "unhold;", 7);
+  return real_api->PJRT_Buffer_DecreaseExternalReferenceCount(args);
+}
+static PJRT_Error* shim_data_pointer(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args* args) {
   (void)args;
   return shim_error();
 }
@@ -454,6 +516,19 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
 #ifdef SHIM_FAIL_EVENT_IS_READY
   shim_api.PJRT_Event_IsReady = shim_event_is_ready;
+#endif
+#ifdef SHIM_MAKES_ERRORS
+  shim_api.PJRT_Client_Create = shim_create_recording;
+#endif
+#if defined(SHIM_FAIL_EXECUTION) || defined(SHIM_FAIL_EVENT_DESTROY)
+  shim_api.PJRT_LoadedExecutable_Execute = shim_recording_execute;
+  shim_api.PJRT_Event_Await = shim_completion_await;
+  shim_api.PJRT_Event_Destroy = shim_completion_destroy;
+#endif
+#ifdef SHIM_FAIL_DATA_POINTER
+  shim_api.PJRT_Buffer_IncreaseExternalReferenceCount = shim_hold;
+  shim_api.PJRT_Buffer_DecreaseExternalReferenceCount = shim_unhold;
+  shim_api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer = shim_data_pointer;
 #endif
 #ifdef SHIM_CHECK_LIFETIMES
   shim_api.PJRT_Client_Create = lt_client_create;

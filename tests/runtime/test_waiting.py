@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA, shim_report, spmd_square_and_sum
+from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA, launch_ids, shim_report, spmd_square_and_sum
 
 from pjrt_plugins import ExecutionStuckError
 from pjrt_plugins.runtime import Client, CompileOptions
@@ -121,12 +121,13 @@ def test_an_execution_that_uses_no_cpu_is_reported_stuck(stuck_client, build_shi
 
 def test_each_execution_gets_its_own_launch_id(build_shim):
     library = build_shim(SHIM_RECORD_LAUNCH_IDS=True)
+    earlier = len(launch_ids(library))  # the shim's report spans the process
     with Client(library, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
         exe = client.compile(ADD_F32_4)
         x = client.buffer_from_host(np.ones(4, np.float32))
         for _ in range(3):
             exe.execute([[x, x]])
-        ids = [int(entry.split("=")[1]) for entry in shim_report(library).split(";") if entry.startswith("launch=")]
+    ids = launch_ids(library)[earlier:]
     assert len(ids) == 3 and ids[1] == ids[0] + 1 and ids[2] == ids[1] + 1
 
 

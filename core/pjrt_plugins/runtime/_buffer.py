@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableError, PjrtError
+from . import _fastpath
 from ._cdef import STRUCT_SIZE, ffi
 from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
 from ._inflight import OwnedHandle
@@ -24,6 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _layouts: dict[int, tuple[Any, Any]] = {}
 _memmove = ffi.memmove
+_from_buffer = ffi.from_buffer
+_pjrtp_read_pinned = _fastpath.library.pjrtp_read_pinned if _fastpath.library is not None else None
 
 #: Host memory we hand over without a copy is aligned like this (the CPU plugin aliases
 #: only 64-byte-aligned memory and copies anything else).
@@ -94,7 +97,7 @@ class _Pinning:
     One user at a time: taken from the library's pool (``lib.pool(_Pinning)``).
     """
 
-    __slots__ = ("_lib", "_hold", "_where", "_unhold", "_hold_fn", "_where_fn", "_unhold_fn")
+    __slots__ = ("_lib", "_hold", "_where", "_unhold", "_hold_fn", "_where_fn", "_unhold_fn", "_plan")
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
@@ -104,6 +107,10 @@ class _Pinning:
         self._hold_fn = lib.function("PJRT_Buffer_IncreaseExternalReferenceCount")
         self._where_fn = lib.function("PJRT_Buffer_OpaqueDeviceMemoryDataPointer")
         self._unhold_fn = lib.function("PJRT_Buffer_DecreaseExternalReferenceCount")
+        # The compiled fast path makes copy() one C call: pin, copy, unpin.
+        self._plan = _fastpath.read_plan(
+            (self._hold_fn, self._where_fn, self._unhold_fn), (self._hold, self._where, self._unhold)
+        )
 
     def pin(self, ptr: Any) -> Any:
         """Take an external reference on the buffer ``ptr`` (until :meth:`unpin`); returns the
@@ -133,6 +140,12 @@ class _Pinning:
 
     def copy(self, ptr: Any, out: np.ndarray) -> np.ndarray:
         """Copy the bytes of the buffer ``ptr`` into the C-contiguous ``out``, pinned meanwhile."""
+        plan = self._plan
+        if plan is not None:
+            err = _pjrtp_read_pinned(plan, ptr, _from_buffer(out), out.nbytes)
+            if err:
+                self._raise_read_error(plan, err)
+            return out
         address = self.pin(ptr)
         try:
             nbytes = out.nbytes
@@ -141,6 +154,17 @@ class _Pinning:
         finally:
             self.unpin(ptr)
         return out
+
+
+    def _raise_read_error(self, plan: Any, err: Any) -> None:
+        """Raise the error of a failed pjrtp_read_pinned, naming the function that failed."""
+        lib = self._lib
+        unhold_error, plan.unhold_error = plan.unhold_error, ffi.NULL
+        try:
+            raise lib.error_to_exception(err, _fastpath.READ_STEPS[plan.failed_step])
+        finally:
+            if unhold_error:  # the unpin after a failed address query failed too: read and destroy it
+                raise lib.error_to_exception(unhold_error, "PJRT_Buffer_DecreaseExternalReferenceCount")
 
 
 def _pin(lib: Any, ptr: Any) -> Any:
@@ -368,6 +392,21 @@ class Buffer(OwnedHandle):
             return True
         return False
 
+    def _free_now(self) -> None:
+        """:meth:`OwnedHandle._free_now` with the buffer's registry and destroy inlined: every
+        output of an execute ends here, usually from ``__del__``."""
+        client = self._client
+        calls = client._calls
+        calls.append(None)
+        try:
+            if not client._closed:
+                entry = client._live_buffers.pop(id(self), None)  # atomic: one caller wins
+                if entry is not None:
+                    host, self._host = self._host, None
+                    client._destroy_buffer(entry, host)
+        finally:
+            calls.pop()
+
     def _destroy(self, entry: tuple[Any, Any]) -> None:
         host, self._host = self._host, None
         self._client._destroy_buffer(entry, host)
@@ -581,7 +620,13 @@ class Buffer(OwnedHandle):
             pinning = pool.pop()  # Pool.take without its frame: the hot path of a small to_numpy()
         except IndexError:
             pinning = _Pinning(self._lib)
-        pinning.copy(ptr, out)
+        plan = pinning._plan
+        if plan is None:
+            pinning.copy(ptr, out)
+        else:  # _Pinning.copy's fast path without its frame
+            err = _pjrtp_read_pinned(plan, ptr, _from_buffer(out), out.nbytes)
+            if err:
+                pinning._raise_read_error(plan, err)
         pool.give(pinning)
         return out
 

@@ -7,6 +7,7 @@ STRUCT_SIZE is derived from cffi in one place. Never write an offset anywhere el
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -1127,8 +1128,61 @@ def _api_struct_cdef() -> str:
 #: The complete declarations, as C text (cffi reads it; the ABI test also compiles it).
 CDEF = _TYPES + _api_struct_cdef()
 
+#: The compiled fast path's interface (runtime/csrc/fastpath.c, loaded by _fastpath): plans
+#: that hold the plugin's functions and the args structs they take, filled once in Python.
+#: The build writes this text and CDEF into the C header, so both sides share one layout.
+FASTPATH_DECLARATIONS = """
+typedef enum {
+  PJRTP_DONE = 0,               /* executed; every event (if any) ready, awaited and destroyed */
+  PJRTP_DONE_WITH_ERRORS = 1,   /* the same, and errors[] or destroy_errors[] hold an error */
+  PJRTP_EXECUTE_FAILED = 2,     /* errors[0] is PJRT_LoadedExecutable_Execute's error */
+  PJRTP_RUNNING = 3,            /* an event is not ready yet: none was touched */
+  PJRTP_READINESS_UNKNOWN = 4   /* errors[0] is PJRT_Event_IsReady's error: none was touched */
+} PJRTP_ExecuteStatus;
+
+typedef enum {
+  PJRTP_STEP_HOLD = 0,          /* PJRT_Buffer_IncreaseExternalReferenceCount */
+  PJRTP_STEP_WHERE = 1,         /* PJRT_Buffer_OpaqueDeviceMemoryDataPointer */
+  PJRTP_STEP_UNHOLD = 2         /* PJRT_Buffer_DecreaseExternalReferenceCount */
+} PJRTP_ReadStep;
+
+typedef struct PJRTP_ExecutePlan {
+  PJRT_Error* (*execute)(PJRT_LoadedExecutable_Execute_Args* args);
+  PJRT_Error* (*is_ready)(PJRT_Event_IsReady_Args* args);
+  PJRT_Error* (*await_event)(PJRT_Event_Await_Args* args);
+  PJRT_Error* (*destroy_event)(PJRT_Event_Destroy_Args* args);
+  PJRT_LoadedExecutable_Execute_Args* execute_args;
+  PJRT_Event_IsReady_Args* is_ready_args;
+  PJRT_Event_Await_Args* await_args;
+  PJRT_Event_Destroy_Args* destroy_args;
+  PJRT_Error** errors;           /* one per device */
+  PJRT_Error** destroy_errors;   /* one per device */
+  int64_t* launch_ids;           /* the executable's counter: each execute takes the next, mod 2^31 */
+} PJRTP_ExecutePlan;
+
+typedef struct PJRTP_ReadPlan {
+  PJRT_Error* (*hold)(PJRT_Buffer_IncreaseExternalReferenceCount_Args* args);
+  PJRT_Error* (*where)(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args* args);
+  PJRT_Error* (*unhold)(PJRT_Buffer_DecreaseExternalReferenceCount_Args* args);
+  PJRT_Buffer_IncreaseExternalReferenceCount_Args* hold_args;
+  PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args* where_args;
+  PJRT_Buffer_DecreaseExternalReferenceCount_Args* unhold_args;
+  int failed_step;               /* a PJRTP_ReadStep, when pjrtp_read_pinned returns an error */
+  PJRT_Error* unhold_error;      /* after a failed PJRTP_STEP_WHERE: the unhold's own error */
+} PJRTP_ReadPlan;
+
+int pjrtp_execute(PJRTP_ExecutePlan* plan);
+PJRT_Error* pjrtp_read_pinned(PJRTP_ReadPlan* plan, PJRT_Buffer* buffer, char* dst, size_t nbytes);
+unsigned long pjrtp_declarations_crc(void);
+"""
+
+#: Compiled into the library (pjrtp_declarations_crc): a library built from other
+#: declarations than this module's is never called.
+FASTPATH_CRC = zlib.crc32((CDEF + FASTPATH_DECLARATIONS).encode())
+
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
+ffi.cdef(FASTPATH_DECLARATIONS)
 
 
 def field_end(struct: str, field: str) -> int:
@@ -1144,7 +1198,7 @@ def declared_structs() -> Iterator[tuple[str, Any]]:
             ctype = ffi.typeof(name)
         except cffi.CDefError:  # a function typedef
             continue
-        if ctype.kind == "struct" and ctype.fields:
+        if ctype.kind == "struct" and ctype.fields and not name.startswith("PJRTP_"):  # not the fast path's
             yield name, ctype
 
 

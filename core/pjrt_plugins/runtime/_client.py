@@ -409,7 +409,10 @@ class Client:
     def _destroy_buffer(self, entry: tuple[Any, Any], host: Any, wait: bool = False) -> None:
         """Destroy a buffer handle; keep ``host`` until its done-with-host event fires."""
         ptr, event = entry
-        args = _BUFFER_DESTROY.take()  # runs in finalizers: a pooled struct (see Pool)
+        try:  # runs in finalizers: a pooled struct (see Pool); Pool.take without its frame
+            args = _BUFFER_DESTROY.pop()
+        except IndexError:
+            args = new_args("PJRT_Buffer_Destroy_Args")
         args.buffer = ptr
         try:
             err = self._destroy_buffer_fn(args)  # every output of an execute ends here: no lookup

@@ -73,6 +73,14 @@ class ReadyEvents:
         self._await_fn = lib.function("PJRT_Event_Await")
         self._destroy_fn = lib.function("PJRT_Event_Destroy")
 
+    def functions(self) -> tuple[Any, Any, Any]:
+        """``PJRT_Event_IsReady``, ``PJRT_Event_Await`` and ``PJRT_Event_Destroy`` (for a fast-path plan)."""
+        return self._is_ready_fn, self._await_fn, self._destroy_fn
+
+    def structs(self) -> tuple[Any, Any, Any]:
+        """The args structs of :meth:`functions`, in the same order."""
+        return self._is_ready, self._await, self._destroy
+
     def errors(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
         """The events' errors attributed to ``function``, destroying the events, if every one
         (NULL ones aside) is ready now; else None, with nothing touched (also when the plugin

@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from ..errors import ClientClosedError, ExecutionStuckError, PjrtError, Unsuppor
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
+from . import _fastpath
 from ._events import EventWait, ReadyEvents, WaitExpired
 from ._inflight import OwnedHandle
 from ._library import new_args, unpack_text
@@ -43,6 +44,7 @@ _SHAPE_DIMENSIONS = 3
 _LAUNCH_IDS = 2**31  # PJRT_ExecuteOptions.launch_id is a C int
 _EXECUTE = "PJRT_LoadedExecutable_Execute"
 _launch_ids_lock = threading.Lock()
+_pjrtp_execute = _fastpath.library.pjrtp_execute if _fastpath.library is not None else None
 
 
 def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np.dtype]] | None:
@@ -69,11 +71,20 @@ class _ExecuteFrame:
 
     __slots__ = (
         "args", "options", "inner_args", "inner_outputs", "events", "ready_events", "waits", "on_device",
-        "arguments", "num_args", "params", "template", "pool", "execute_fn", "_keep",
+        "arguments", "num_args", "params", "template", "pool", "execute_fn", "_keep", "plan", "plan_errors",
+        "plan_destroy_errors",
     )
 
     def __init__(
-        self, lib: Any, loaded: Any, num_devices: int, num_args: int, num_outputs: int, params: Any, pool: list
+        self,
+        lib: Any,
+        loaded: Any,
+        num_devices: int,
+        num_args: int,
+        num_outputs: int,
+        params: Any,
+        pool: list,
+        launch_ids: Any,
     ) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
         self.inner_outputs = [ffi.new("PJRT_Buffer*[]", max(1, num_outputs)) for _ in range(num_devices)]
@@ -100,6 +111,9 @@ class _ExecuteFrame:
         args.output_lists = output_lists
         self.args = args
         self._keep = (argument_lists, output_lists, options)
+        # The compiled fast path runs the execute and finishes ready events in one C call.
+        plan = _fastpath.execute_plan(self.execute_fn, args, self.ready_events, num_devices, launch_ids)
+        self.plan, self.plan_errors, self.plan_destroy_errors = plan or (None, None, None)
 
 
 class Executable(OwnedHandle):
@@ -374,10 +388,9 @@ class Executable(OwnedHandle):
             raise ValueError("execute() needs at least one argument list (one per device)")
         num_args = len(args_per_device[0])
         params = self._checked_parameters(num_args)  # raises for a wrong count: no frame is made for it
-        if self._launch_ids is None:
-            self._start_launch_ids()
+        launch_ids = self._launch_ids or self._start_launch_ids()
         pool = self._frames.setdefault((num_devices, num_args), [])
-        return _ExecuteFrame(self._lib, loaded, num_devices, num_args, self.num_outputs, params, pool)
+        return _ExecuteFrame(self._lib, loaded, num_devices, num_args, self.num_outputs, params, pool, launch_ids)
 
     def _output_template(self, frame: _ExecuteFrame) -> list[tuple[Any, Any, Any]]:
         """``[(shape, dtype, read plan)]`` given to each new output buffer (None: ask later); kept
@@ -449,31 +462,60 @@ class Executable(OwnedHandle):
         elif frame.on_device:
             args.execute_device = ffi.NULL
             frame.on_device = False
-        frame.options.launch_id = next(self._launch_ids) % _LAUNCH_IDS
-        err = frame.execute_fn(args)
-        if err:
-            raise self._lib.error_to_exception(err, _EXECUTE)
+        plan = frame.plan
+        if plan is not None:
+            status = _pjrtp_execute(plan)  # the launch id, and the events when they are ready already
+            if status == _fastpath.EXECUTE_FAILED:
+                raise self._lib.error_to_exception(frame.plan_errors[0], _EXECUTE)
+        else:
+            frame.options.launch_id = next(self._launch_ids) % _LAUNCH_IDS
+            status = _fastpath.RUNNING  # nothing waited for yet
+            err = frame.execute_fn(args)
+            if err:
+                raise self._lib.error_to_exception(err, _EXECUTE)
         outputs = []
         for inner in frame.inner_outputs:
             row = []
-            for i, (shape, dtype, plan) in enumerate(template):
-                row.append(Buffer(client, inner[i], shape, dtype, plan, wait))
+            for i, (shape, dtype, read) in enumerate(template):
+                row.append(Buffer(client, inner[i], shape, dtype, read, wait))
             outputs.append(row)
-        if wait:
-            events = frame.events  # one per device, as many as rows of outputs
-            try:
-                errors = frame.ready_events.errors(events, _EXECUTE)
-            except BaseException:
-                _release(outputs)
-                raise
-            if errors is None:  # not done yet: wait, bounded and interruptible
-                errors = self._await_devices(list(events), outputs, device)
+        if wait and status:  # not finished by the fast path, or finished with errors
+            errors = self._execute_errors(frame, status, outputs, device)
             if any(errors):
                 _release(outputs)
                 raise next(error for error in errors if error is not None)
         if frame.template is None and outputs:
             self._learn_output_plans(frame, outputs[0])
         return outputs
+
+    def _execute_errors(
+        self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None
+    ) -> list[PjrtError | None]:
+        """Each device's execution error (None: it succeeded), waiting for what is still running;
+        ``status`` says what the fast path did (``RUNNING`` also when there is none)."""
+        events = frame.events  # one per device, as many as rows of outputs
+        lib = self._lib
+        try:
+            if status == _fastpath.DONE_WITH_ERRORS:  # every event finished and destroyed: read the errors
+                count = len(outputs)
+                errors = [lib.error_to_exception(e, _EXECUTE) if e else None for e in frame.plan_errors[0:count]]
+                destroyed = [lib.error_to_exception(e, "PJRT_Event_Destroy") for e in frame.plan_destroy_errors[0:count] if e]
+                if destroyed:
+                    raise destroyed[0]
+                return errors
+            if status == _fastpath.READINESS_UNKNOWN:  # the plugin cannot say: wait for callbacks
+                lib.error_to_exception(frame.plan_errors[0], "PJRT_Event_IsReady")  # read and destroyed
+                errors = None
+            elif frame.plan is None:
+                errors = frame.ready_events.errors(events, _EXECUTE)
+            else:  # RUNNING: the fast path asked already
+                errors = None
+        except BaseException:
+            _release(outputs)
+            raise
+        if errors is None:  # not done yet: wait, bounded and interruptible
+            errors = self._await_devices(list(events), outputs, device)
+        return errors
 
     def _learn_output_plans(self, frame: _ExecuteFrame, outputs: list[Buffer]) -> None:
         """Ask how each output is read once (an output's memory and layout never change)."""
@@ -483,7 +525,7 @@ class Executable(OwnedHandle):
             except ClientClosedError:  # closed by another thread, which waits for this call: ask next time
                 pass
 
-    def _start_launch_ids(self) -> Iterator[int]:
+    def _start_launch_ids(self) -> Any:
         """The ``launch_id`` numbering of this executable: one new id per execution, as JAX numbers them.
 
         It names the run in the plugin's collective rendezvous keys (``RunId``); starting
@@ -491,9 +533,12 @@ class Executable(OwnedHandle):
         that runs the same programs in the same order.
         """
         fingerprint = self.fingerprint
+        start = zlib.crc32(fingerprint.encode()) if fingerprint else 0
         with _launch_ids_lock:  # executes starting at once on several threads share one numbering
             if self._launch_ids is None:
-                self._launch_ids = itertools.count(zlib.crc32(fingerprint.encode()) if fingerprint else 0)
+                # The fast path counts in C (atomically); otherwise an itertools.count (atomic under the GIL).
+                fast = _fastpath.library is not None
+                self._launch_ids = _fastpath.launch_id_counter(start) if fast else itertools.count(start)
             return self._launch_ids
 
     def _await_devices(

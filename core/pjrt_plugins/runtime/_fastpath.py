@@ -1,0 +1,102 @@
+"""The runtime's compiled fast path (``csrc/fastpath.c``): an execute with its wait, and a pinned
+read, each in one C call instead of several through libffi (dispatch cost, issue 16).
+
+Optional. When the library is missing, damaged or built from other declarations than this
+package's, or ``PJRT_PLUGINS_FASTPATH=0`` is set, the runtime makes the same calls from Python:
+the same results, a few microseconds more per execute. It says why once (a RuntimeWarning,
+or a log line for the variable). ``pjrt-plugins doctor`` reports which path runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..errors import LibraryLoadError
+from ._cdef import FASTPATH_CRC, ffi
+from ._elf import check_shared_library
+
+LIBRARY_FILE = "libpjrt_plugins_fastpath.so"
+ENV_VARIABLE = "PJRT_PLUGINS_FASTPATH"
+
+logger = logging.getLogger(__name__)
+
+# Statuses of pjrtp_execute (see _cdef.FASTPATH_DECLARATIONS).
+DONE, DONE_WITH_ERRORS, EXECUTE_FAILED, RUNNING, READINESS_UNKNOWN = range(5)
+#: The function that failed in pjrtp_read_pinned, by PJRTP_ReadStep.
+READ_STEPS = (
+    "PJRT_Buffer_IncreaseExternalReferenceCount",
+    "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
+    "PJRT_Buffer_DecreaseExternalReferenceCount",
+)
+
+
+def _load() -> tuple[Any, str]:
+    """``(library, "")``, or ``(None, why it is not used)``."""
+    if os.environ.get(ENV_VARIABLE, "").strip() == "0":
+        return None, f"{ENV_VARIABLE}=0 is set"
+    path = Path(__file__).with_name(LIBRARY_FILE)
+    if not path.is_file():
+        return None, f"{path} is missing"
+    try:
+        check_shared_library(str(path))
+        library = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_LOCAL)
+        crc = library.pjrtp_declarations_crc()
+    except (LibraryLoadError, OSError, AttributeError) as exc:
+        return None, f"{path} cannot be loaded ({exc})"
+    if crc != FASTPATH_CRC:
+        return None, f"{path} was built from other declarations than this pjrt_plugins (a stale build)"
+    return library, ""
+
+
+library, unavailable_reason = _load()
+if library is None and unavailable_reason.startswith(ENV_VARIABLE):
+    logger.info("pjrt_plugins.runtime: the compiled fast path is off (%s)", unavailable_reason)
+elif library is None:
+    warnings.warn(
+        f"pjrt_plugins.runtime runs without its compiled fast path: {unavailable_reason}. Results are "
+        "the same; each execute costs a few microseconds more. Reinstall pjrt-plugins to restore it "
+        "(pip install --force-reinstall pjrt-plugins; a build from source needs a C compiler), or set "
+        f"{ENV_VARIABLE}=0 to run without it quietly.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def launch_id_counter(start: int) -> Any:
+    """An executable's launch-id counter for :func:`execute_plan` (an ``int64_t*``)."""
+    return ffi.new("int64_t*", start)
+
+
+def execute_plan(
+    execute_fn: Any, args: Any, ready_events: Any, num_devices: int, launch_ids: Any
+) -> tuple[Any, Any, Any] | None:
+    """``(plan, errors, destroy_errors)`` for ``pjrtp_execute`` over one execute frame's structs and
+    its executable's ``launch_ids`` (:func:`launch_id_counter`), or None without the fast path. The
+    caller keeps all three, the structs and the counter alive together."""
+    if library is None:
+        return None
+    plan = ffi.new("PJRTP_ExecutePlan*")
+    errors = ffi.new("PJRT_Error*[]", max(1, num_devices))
+    destroy_errors = ffi.new("PJRT_Error*[]", max(1, num_devices))
+    plan.execute = execute_fn
+    plan.is_ready, plan.await_event, plan.destroy_event = ready_events.functions()
+    plan.execute_args = args
+    plan.is_ready_args, plan.await_args, plan.destroy_args = ready_events.structs()
+    plan.errors = errors
+    plan.destroy_errors = destroy_errors
+    plan.launch_ids = launch_ids
+    return plan, errors, destroy_errors
+
+
+def read_plan(functions: tuple[Any, Any, Any], structs: tuple[Any, Any, Any]) -> Any:
+    """A PJRTP_ReadPlan over a pinning's three functions and args structs (None without the fast path)."""
+    if library is None:
+        return None
+    plan = ffi.new("PJRTP_ReadPlan*")
+    plan.hold, plan.where, plan.unhold = functions
+    plan.hold_args, plan.where_args, plan.unhold_args = structs
+    return plan

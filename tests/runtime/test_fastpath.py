@@ -1,0 +1,195 @@
+"""The runtime's compiled fast path (runtime/csrc/fastpath.c) and the Python path it stands in for.
+
+The error tests run on both paths in one process: with ``_fastpath.library`` set to None, new
+clients and executables build no plans and make every call from Python, as without the library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pjrt_plugins
+import pytest
+from pjrt_plugins.errors import PjrtError
+from pjrt_plugins.runtime import Client, CompileOptions, _build_fastpath, _fastpath
+from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA, launch_ids, shim_report
+
+RUNTIME_TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(params=["compiled", "python"])
+def runtime_path(request, monkeypatch) -> str:
+    """Run the test on the compiled fast path, then on the Python path."""
+    if request.param == "python":
+        monkeypatch.setattr(_fastpath, "library", None)
+    return request.param
+
+
+def test_an_installed_package_runs_the_compiled_fast_path(cpu_library_path):
+    assert _fastpath.library is not None, _fastpath.unavailable_reason
+    with Client(cpu_library_path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4)
+        x = client.buffer_from_host(np.arange(4, dtype=np.float32))
+        [[out]] = exe.execute([[x, x]])
+        np.testing.assert_array_equal(out.to_numpy(), [0, 2, 4, 6])
+        assert exe._frames[1, 2][0].plan is not None  # the execute went through pjrtp_execute
+        assert client._pinnings[0]._plan is not None  # and the read through pjrtp_read_pinned
+
+
+def test_the_same_results_on_both_paths(runtime_path, cpu_library_path):
+    with Client(cpu_library_path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
+        xs = [client.buffer_from_host(np.full(4, d + 1, np.float32), device=d) for d in range(2)]
+        for wait in (True, False, True):
+            outputs = exe.execute([[x, x] for x in xs], wait=wait)
+            assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4, [4.0] * 4]
+        assert (exe._frames[2, 2][0].plan is not None) == (runtime_path == "compiled")
+
+
+def test_a_failed_execution_raises_and_releases_its_outputs(runtime_path, build_shim):
+    with Client(build_shim(SHIM_FAIL_EXECUTION=True), {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
+        xs = [client.buffer_from_host(np.ones(4, np.float32), device=d) for d in range(2)]
+        live = len(client._live_buffers)
+        with pytest.raises(PjrtError) as raised:
+            exe.execute([[x, x] for x in xs])
+        assert raised.value.function == "PJRT_LoadedExecutable_Execute"
+        assert raised.value.code_name == "INVALID_ARGUMENT"  # the error the shim's device returned
+        assert len(client._live_buffers) == live  # the outputs were freed, not leaked
+        outputs = exe.execute([[x, x] for x in xs], wait=False)  # no wait: nothing to report
+        assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4] * 2
+
+
+def test_a_failing_event_destroy_is_reported(runtime_path, build_shim):
+    with Client(build_shim(SHIM_FAIL_EVENT_DESTROY=True), {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4)
+        x = client.buffer_from_host(np.ones(4, np.float32))
+        live = len(client._live_buffers)
+        with pytest.raises(PjrtError) as raised:
+            exe.execute([[x, x]])
+        assert raised.value.function == "PJRT_Event_Destroy"
+        assert len(client._live_buffers) == live
+
+
+def test_a_failing_read_names_the_function_and_drops_its_reference(runtime_path, build_shim):
+    path = build_shim(SHIM_FAIL_DATA_POINTER=True)
+    with Client(path, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
+        x = client.buffer_from_host(np.ones(4, np.float32))
+        assert x.read_plan().mode == "direct"
+        for _ in range(2):
+            with pytest.raises(PjrtError) as raised:
+                x.to_numpy()
+            assert raised.value.function == "PJRT_Buffer_OpaqueDeviceMemoryDataPointer"
+        calls = shim_report(path).split(";")
+        assert calls.count("hold") == 2 and calls.count("unhold") == 2  # every reference taken was dropped
+        x.delete()  # not pinned: it frees
+
+
+def test_executes_on_many_threads_get_distinct_consecutive_launch_ids(runtime_path, build_shim):
+    library = build_shim(SHIM_RECORD_LAUNCH_IDS=True)
+    earlier = len(launch_ids(library))  # the shim's report spans the process
+    with Client(library, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4)
+        x = client.buffer_from_host(np.ones(4, np.float32))
+
+        def run() -> None:
+            for _ in range(25):
+                exe.execute([[x, x]])
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    ids = launch_ids(library)[earlier:]
+    assert len(ids) == 100
+    assert sorted(ids) == list(range(min(ids), min(ids) + 100))  # none taken twice, none skipped
+
+
+# -- without the library -------------------------------------------------------------------------
+
+
+def _package_copy(tmp_path: Path) -> Path:
+    """A copy of the installed pjrt_plugins package (without its fast-path library) to import from."""
+    source = Path(pjrt_plugins.__file__).parent
+    target = tmp_path / "site" / "pjrt_plugins"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.so", "_template"))
+    return target.parent
+
+
+def _run_from(site: Path, cpu_library_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import warnings, numpy as np\n"
+        "warnings.simplefilter('always')\n"
+        "import pjrt_plugins\n"
+        f"assert pjrt_plugins.__file__.startswith({str(site)!r}), pjrt_plugins.__file__\n"
+        "from pjrt_plugins.runtime import Client, _fastpath\n"
+        "from pjrt_plugins.conform._programs import ADD_F32\n"
+        f"with Client({str(cpu_library_path)!r}) as client:\n"
+        "    x = client.buffer_from_host(np.ones(4, np.float32))\n"
+        "    [[out]] = client.compile(ADD_F32).execute([[x, x]])\n"
+        "    print('result', out.to_numpy().tolist(), 'fast', _fastpath.library is not None)\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(site), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+
+
+def test_without_its_library_the_runtime_warns_once_and_runs_in_python(tmp_path, cpu_library_path):
+    site = _package_copy(tmp_path)
+    run = _run_from(site, cpu_library_path)
+    assert run.returncode == 0, run.stderr
+    assert "result [2.0, 2.0, 2.0, 2.0] fast False" in run.stdout
+    assert run.stderr.count("RuntimeWarning") == 1
+    assert "runs without its compiled fast path" in run.stderr and "is missing" in run.stderr
+    assert "pip install --force-reinstall pjrt-plugins" in run.stderr
+
+
+def test_a_damaged_library_is_never_loaded(tmp_path, cpu_library_path):
+    site = _package_copy(tmp_path)
+    (site / "pjrt_plugins" / "runtime" / _fastpath.LIBRARY_FILE).write_text("not a library\n")
+    run = _run_from(site, cpu_library_path)
+    assert run.returncode == 0, run.stderr
+    assert "fast False" in run.stdout and "cannot be loaded" in run.stderr
+
+
+def test_a_library_built_from_other_declarations_is_never_called(tmp_path, cpu_library_path, gcc):
+    """A stale build (the declarations changed since): its checksum differs, so no plan is handed to it."""
+    site = _package_copy(tmp_path)
+    include = tmp_path / "include"
+    include.mkdir()
+    header = _build_fastpath.header_text()
+    assert f"#define PJRTP_DECLARATIONS_CRC {_fastpath.FASTPATH_CRC}UL" in header
+    (include / _build_fastpath.HEADER).write_text(header.replace(f"{_fastpath.FASTPATH_CRC}UL", "12345UL"))
+    library = site / "pjrt_plugins" / "runtime" / _fastpath.LIBRARY_FILE
+    source = Path(_fastpath.__file__).parent / "csrc" / "fastpath.c"
+    subprocess.run([gcc, "-shared", "-fPIC", "-O1", f"-I{include}", "-o", str(library), str(source)], check=True)
+    run = _run_from(site, cpu_library_path)
+    assert run.returncode == 0, run.stderr
+    assert "fast False" in run.stdout and "a stale build" in run.stderr
+
+
+def test_the_variable_turns_the_fast_path_off_quietly(tmp_path, cpu_library_path):
+    run = _run_from(Path(pjrt_plugins.__file__).parents[1], cpu_library_path, PJRT_PLUGINS_FASTPATH="0")
+    assert run.returncode == 0, run.stderr
+    assert "fast False" in run.stdout and "RuntimeWarning" not in run.stderr
+
+
+def test_the_runtime_suite_passes_on_the_python_path():
+    """The execute, wait, thread and buffer tests, rerun with PJRT_PLUGINS_FASTPATH=0."""
+    files = ["test_executable.py", "test_waiting.py", "test_threads.py", "test_buffer.py", "test_host_view.py"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+        cwd=RUNTIME_TESTS,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PJRT_PLUGINS_FASTPATH": "0"},
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout
