@@ -237,9 +237,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"checking {record.name} ...", file=sys.stderr, flush=True)
         reports.append(diagnose(record, timeout=args.timeout, explicit=bool(args.names)))
     problems = [r for r in reports if r.status == "broken" or (args.names and r.status == "unavailable")]
+    fastpath = _fastpath_state()
     if args.json:
-        print_json({"ok": not problems and bool(reports), "plugins": [r.to_json() for r in reports]})
+        print_json({"ok": not problems and bool(reports), "runtime": fastpath, "plugins": [r.to_json() for r in reports]})
     else:
+        if fastpath["fastpath"]:
+            print("runtime: compiled fast path loaded\n")
+        else:
+            print(f"runtime: Python path, without the compiled fast path ({fastpath['reason']})\n")
         marks = {True: "ok", False: "FAIL", None: "skip"}
         for report in reports:
             print(f"{report.name}  ({report.provider})")
@@ -255,6 +260,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if not reports:
         return EXIT_FAILURE
     return EXIT_FAILURE if problems else EXIT_OK
+
+
+def _fastpath_state() -> dict[str, Any]:
+    """Whether the runtime runs its compiled fast path, and why not (a slower dispatch, not a fault)."""
+    import warnings
+
+    with warnings.catch_warnings():  # doctor reports the reason itself
+        warnings.simplefilter("ignore", RuntimeWarning)
+        from pjrt_plugins.runtime import _fastpath
+
+    return {"fastpath": _fastpath.library is not None, "reason": _fastpath.unavailable_reason}
 
 
 # -- wiring ----------------------------------------------------------------------------

@@ -111,9 +111,13 @@ def test_doctor_checks_a_working_plugin_end_to_end(run_installed, cpu_library):
     for check in ("loaded", "available", "library", "api version", "client"):
         assert f"[  ok] {check}" in text.stdout, text
     assert "=> ok" in text.stdout
+    assert "runtime: compiled fast path loaded" in text.stdout
     data = run_installed([*CLI, "doctor", "library", "--json"], env)
     report = json.loads(data.stdout)
     assert data.returncode == 0 and report["ok"] is True
+    assert report["runtime"] == {"fastpath": True, "reason": ""}
+    without = run_installed([*CLI, "doctor", "library"], {**env, "PJRT_PLUGINS_FASTPATH": "0"})
+    assert without.returncode == 0 and "runtime: Python path, without the compiled fast path (PJRT_PLUGINS_FASTPATH=0 is set)" in without.stdout
     checks = {c["check"]: c for c in report["plugins"][0]["checks"]}
     assert checks["api version"]["detail"].startswith("0.") and checks["client"]["detail"].startswith("cpu, ")
 
