@@ -155,7 +155,6 @@ class _Pinning:
             self.unpin(ptr)
         return out
 
-
     def _raise_read_error(self, plan: Any, err: Any) -> None:
         """Raise the error of a failed pjrtp_read_pinned, naming the function that failed."""
         lib = self._lib
@@ -392,21 +391,6 @@ class Buffer(OwnedHandle):
             return True
         return False
 
-    def _free_now(self) -> None:
-        """:meth:`OwnedHandle._free_now` with the buffer's registry and destroy inlined: every
-        output of an execute ends here, usually from ``__del__``."""
-        client = self._client
-        calls = client._calls
-        calls.append(None)
-        try:
-            if not client._closed:
-                entry = client._live_buffers.pop(id(self), None)  # atomic: one caller wins
-                if entry is not None:
-                    host, self._host = self._host, None
-                    client._destroy_buffer(entry, host)
-        finally:
-            calls.pop()
-
     def _destroy(self, entry: tuple[Any, Any]) -> None:
         host, self._host = self._host, None
         self._client._destroy_buffer(entry, host)
@@ -620,13 +604,7 @@ class Buffer(OwnedHandle):
             pinning = pool.pop()  # Pool.take without its frame: the hot path of a small to_numpy()
         except IndexError:
             pinning = _Pinning(self._lib)
-        plan = pinning._plan
-        if plan is None:
-            pinning.copy(ptr, out)
-        else:  # _Pinning.copy's fast path without its frame
-            err = _pjrtp_read_pinned(plan, ptr, _from_buffer(out), out.nbytes)
-            if err:
-                pinning._raise_read_error(plan, err)
+        pinning.copy(ptr, out)
         pool.give(pinning)
         return out
 
