@@ -19,7 +19,8 @@
  *   SHIM_FAIL_EVENT_IS_READY  PJRT_Event_IsReady returns an error
  *   SHIM_FAIL_EXECUTION    awaiting an execution's device-complete event returns an error (a
  *                          program that fails on its device; the real one ran)
- *   SHIM_FAIL_EVENT_DESTROY   destroying a device-complete event destroys it, then returns an error
+ *   SHIM_FAIL_EVENT_DESTROY   destroying a device-complete event destroys it, notes
+ *                          "completion_destroy;", then returns an error
  *   SHIM_FAIL_DATA_POINTER PJRT_Buffer_OpaqueDeviceMemoryDataPointer returns an error (each
  *                          external reference taken and dropped is noted: "hold;" "unhold;")
  *   SHIM_STUCK_EXECUTE     an execution's device-complete events never become ready (the real
@@ -161,6 +162,7 @@ static PJRT_Error* shim_completion_destroy(PJRT_Event_Destroy_Args* args) {
   int completion = is_completion(args->event);
   PJRT_Error* error = real_api->PJRT_Event_Destroy(args);
 #ifdef SHIM_FAIL_EVENT_DESTROY
+  if (completion) note("%.*s", "completion_destroy;", 19);
   if (error == NULL && completion) error = shim_error();
 #else
   (void)completion;

@@ -66,15 +66,18 @@ def test_a_failed_execution_raises_and_releases_its_outputs(runtime_path, build_
         assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4] * 2
 
 
-def test_a_failing_event_destroy_is_reported(runtime_path, build_shim):
-    with Client(build_shim(SHIM_FAIL_EVENT_DESTROY=True), {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
-        exe = client.compile(ADD_F32_4)
-        x = client.buffer_from_host(np.ones(4, np.float32))
+def test_a_failing_event_destroy_is_reported_after_every_event_is_destroyed(runtime_path, build_shim):
+    path = build_shim(SHIM_FAIL_EVENT_DESTROY=True)
+    with Client(path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
+        xs = [client.buffer_from_host(np.ones(4, np.float32), device=d) for d in range(2)]
         live = len(client._live_buffers)
         with pytest.raises(PjrtError) as raised:
-            exe.execute([[x, x]])
+            exe.execute([[x, x] for x in xs])
         assert raised.value.function == "PJRT_Event_Destroy"
         assert len(client._live_buffers) == live
+        # The report starts with the client: both events were destroyed, the second not left behind.
+        assert shim_report(path).count("completion_destroy;") == 2
 
 
 def test_a_failing_read_names_the_function_and_drops_its_reference(runtime_path, build_shim):

@@ -102,8 +102,10 @@ class ReadyEvents:
 
     def finish_all(self, events: Sequence[Any], function: str) -> list[PjrtError | None]:
         """The errors of ready ``events`` attributed to ``function`` (None: it succeeded; NULL
-        events give None), destroying each (``PJRT_Event_Await`` returns at once on a ready event)."""
+        events give None), destroying each (``PJRT_Event_Await`` returns at once on a ready event).
+        A failing ``PJRT_Event_Destroy`` is raised once every event is destroyed."""
         errors: list[PjrtError | None] = []
+        destroy_errors: list[PjrtError] = []
         awaited, destroy = self._await, self._destroy
         for event in events:
             if event:
@@ -114,9 +116,11 @@ class ReadyEvents:
                 if err or destroy_err:  # rare: read (and destroy) the errors, in order
                     errors.append(self._lib.error_to_exception(err, function) if err else None)
                     if destroy_err:
-                        raise self._lib.error_to_exception(destroy_err, "PJRT_Event_Destroy")
+                        destroy_errors.append(self._lib.error_to_exception(destroy_err, "PJRT_Event_Destroy"))
                     continue
             errors.append(None)
+        if destroy_errors:
+            raise destroy_errors[0]
         return errors
 
 
