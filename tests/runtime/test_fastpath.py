@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pjrt_plugins
@@ -52,16 +53,23 @@ def test_the_same_results_on_both_paths(runtime_path, cpu_library_path):
         assert (exe._frames[2, 2][0].plan is not None) == (runtime_path == "compiled")
 
 
+def _failing_execute_on_two_devices(client: Client) -> tuple[PjrtError, Any, list[Any]]:
+    """``(error, executable, arguments)`` of the add on 2 devices, which the shim makes fail;
+    checks that the failed execute freed its outputs."""
+    exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
+    xs = [client.buffer_from_host(np.ones(4, np.float32), device=d) for d in range(2)]
+    live = len(client._live_buffers)
+    with pytest.raises(PjrtError) as raised:
+        exe.execute([[x, x] for x in xs])
+    assert len(client._live_buffers) == live  # the outputs were freed, not leaked
+    return raised.value, exe, xs
+
+
 def test_a_failed_execution_raises_and_releases_its_outputs(runtime_path, build_shim):
     with Client(build_shim(SHIM_FAIL_EXECUTION=True), {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
-        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
-        xs = [client.buffer_from_host(np.ones(4, np.float32), device=d) for d in range(2)]
-        live = len(client._live_buffers)
-        with pytest.raises(PjrtError) as raised:
-            exe.execute([[x, x] for x in xs])
-        assert raised.value.function == "PJRT_LoadedExecutable_Execute"
-        assert raised.value.code_name == "INVALID_ARGUMENT"  # the error the shim's device returned
-        assert len(client._live_buffers) == live  # the outputs were freed, not leaked
+        error, exe, xs = _failing_execute_on_two_devices(client)
+        assert error.function == "PJRT_LoadedExecutable_Execute"
+        assert error.code_name == "INVALID_ARGUMENT"  # the error the shim's device returned
         outputs = exe.execute([[x, x] for x in xs], wait=False)  # no wait: nothing to report
         assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4] * 2
 
@@ -69,13 +77,8 @@ def test_a_failed_execution_raises_and_releases_its_outputs(runtime_path, build_
 def test_a_failing_event_destroy_is_reported_after_every_event_is_destroyed(runtime_path, build_shim):
     path = build_shim(SHIM_FAIL_EVENT_DESTROY=True)
     with Client(path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
-        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
-        xs = [client.buffer_from_host(np.ones(4, np.float32), device=d) for d in range(2)]
-        live = len(client._live_buffers)
-        with pytest.raises(PjrtError) as raised:
-            exe.execute([[x, x] for x in xs])
-        assert raised.value.function == "PJRT_Event_Destroy"
-        assert len(client._live_buffers) == live
+        error, _, _ = _failing_execute_on_two_devices(client)
+        assert error.function == "PJRT_Event_Destroy"
         # The report starts with the client: both events were destroyed, the second not left behind.
         assert shim_report(path).count("completion_destroy;") == 2
 
