@@ -181,3 +181,19 @@ def test_option_types_are_the_named_value_enum():
     declared = _cdef.enum_values("PJRT_NamedValue_Type")
     names = {"STRING": "kString", "INT64": "kInt64", "INT64_LIST": "kInt64List", "FLOAT": "kFloat", "BOOL": "kBool"}
     assert {f"PJRT_NamedValue_{names[kind.name]}": int(kind) for kind in OptionType} == declared
+
+
+def test_every_declared_type_is_resolved_at_import_so_args_never_parse(monkeypatch):
+    """A finalizer (a buffer's ``__del__`` during a garbage collection) must not enter cffi's type
+    parser, which holds a lock and is not re-entrant: every args struct comes from the table made at import."""
+    from pjrt_plugins.runtime._library import new_args
+
+    assert set(_cdef.POINTER_CTYPES) == set(ffi.list_types()[0])
+    assert all(_cdef.POINTER_CTYPES[name] is ffi.typeof(name + "*") for name in _cdef.STRUCT_SIZE)
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError(f"ffi.typeof{args} parsed a type after import")
+
+    monkeypatch.setattr(ffi, "typeof", no_parsing)
+    for struct, size in _cdef.STRUCT_SIZE.items():
+        assert new_args(struct).struct_size == size

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from ._cdef import ffi, field_end
+from ._cdef import POINTER_CTYPES, ffi, field_end
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class KeyValueStore(Protocol):
 
 # A plugin older than our header passes a smaller args struct: touch only fields inside it.
 _END = {
-    struct: {name: field_end(struct, name) for name, _ in ffi.typeof(struct).fields}
+    struct: {name: field_end(struct, name) for name, _ in POINTER_CTYPES[struct].item.fields}
     for struct in (
         "PJRT_KeyValueGetCallback_Args",
         "PJRT_KeyValueTryGetCallback_Args",

@@ -30,7 +30,7 @@ from ..errors import (
 )
 from . import _cdef
 from ._bounded import BoundedCall
-from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
+from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, POINTER_CTYPES, STRUCT_SIZE, ffi
 from ._code_map import is_executable_address
 from ._elf import check_shared_library
 from ._named_values import decode_named_values
@@ -42,23 +42,10 @@ _MAX_EXTENSIONS = 256
 _load_lock = threading.Lock()
 _libraries: dict[str, Library] = {}
 _opening: dict[str, BoundedCall[Library]] = {}  # by resolved path, while dlopen/GetPjrtApi run
-_ctypes: dict[str, Any] = {}
 
 # Essential functions: without them no error can be read or freed, so such a library is refused.
 _ERROR_FUNCTIONS = ("PJRT_Error_Destroy", "PJRT_Error_Message", "PJRT_Error_GetCode")
 _STRUCT_SIZE_HINT = re.compile(r"Unexpected \S+ size: expected \d+, got \d+")
-
-
-#: Args structs that finalizers (``__del__`` of buffers, executables, events) allocate. cffi's type
-#: parser holds a lock and is not re-entrant: a garbage collection during a first ``ffi.typeof`` can run a
-#: finalizer that needs a first ``ffi.typeof`` of its own, which deadlocks. These are made with the first
-#: args struct of the process, before any finalizer can exist.
-_FINALIZER_STRUCTS = (
-    "PJRT_Buffer_Destroy_Args", "PJRT_Buffer_DecreaseExternalReferenceCount_Args", "PJRT_Client_Destroy_Args",
-    "PJRT_Executable_Destroy_Args", "PJRT_LoadedExecutable_Destroy_Args", "PJRT_Event_IsReady_Args",
-    "PJRT_Event_Await_Args", "PJRT_Event_Error_Args", "PJRT_Event_Destroy_Args", "PJRT_Error_Destroy_Args",
-    "PJRT_Error_Message_Args", "PJRT_Error_GetCode_Args",
-)
 
 
 def new_args(struct: str) -> Any:
@@ -68,15 +55,7 @@ def new_args(struct: str) -> Any:
     ``args.buffer = buffer.c_pointer()``), then ``library.call("PJRT_Buffer_Dimensions", args)``;
     or let :meth:`Library.invoke` make it: ``library.invoke("PJRT_Buffer_Dimensions", buffer=...)``.
     """
-    ctype = _ctypes.get(struct)
-    if ctype is None:
-        if not _ctypes:
-            for name in _FINALIZER_STRUCTS:
-                _ctypes[name] = ffi.typeof(name + "*")
-        ctype = _ctypes.get(struct)
-        if ctype is None:
-            ctype = _ctypes[struct] = ffi.typeof(struct + "*")
-    args = ffi.new(ctype)
+    args = ffi.new(POINTER_CTYPES[struct])
     args.struct_size = STRUCT_SIZE[struct]
     return args
 
@@ -90,7 +69,9 @@ class Pool(list, Generic[T]):
     or a finalizer (``__del__`` of a Buffer run by a garbage collection) that interrupts the
     taker on its own thread, takes another one or makes a new one. An item not given back (an
     exception) is simply dropped. ``give`` is ``list.append`` itself (no Python frame).
-    Finalizers may use pools of the args structs listed in ``_FINALIZER_STRUCTS``.
+    Finalizers may use any of them: every declared type is resolved at import
+    (``_cdef.POINTER_CTYPES``), so a finalizer never runs cffi's type parser, which holds a lock and
+    is not re-entrant (a collection during a first ``ffi.typeof`` would deadlock on it).
     """
 
     __slots__ = ("_make",)
