@@ -6,8 +6,8 @@
  * Nothing here blocks: an event is awaited only once PJRT_Event_IsReady says it is ready, so
  * a program still running leaves its events to the runtime's bounded, interruptible wait.
  *
- * "pjrt_fastpath.h" is written at build time (setup.py) from pjrt_plugins.runtime._cdef.CDEF
- * and _fastpath.DECLARATIONS, the same text the runtime gives cffi: one set of declarations.
+ * "pjrt_fastpath.h" is written at build time (runtime/_build_fastpath.py) from _cdef.CDEF and
+ * _cdef.FASTPATH_DECLARATIONS, the same text the runtime gives cffi: one set of declarations.
  */
 #include <string.h>
 
