@@ -18,7 +18,8 @@ import numpy as np
 import pjrt_plugins
 import pytest
 from pjrt_plugins.errors import PjrtError
-from pjrt_plugins.runtime import Client, CompileOptions, _build_fastpath, _fastpath
+from pjrt_plugins.runtime import Client, CompileOptions, _buffer, _build_fastpath, _fastpath
+from pjrt_plugins.runtime._cdef import ffi
 from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA, launch_ids, shim_report
 
 RUNTIME_TESTS = Path(__file__).resolve().parent
@@ -62,6 +63,7 @@ def _failing_execute_on_two_devices(client: Client) -> tuple[PjrtError, Any, lis
     with pytest.raises(PjrtError) as raised:
         exe.execute([[x, x] for x in xs])
     assert len(client._live_buffers) == live  # the outputs were freed, not leaked
+    assert not client._calls and not exe._calls  # the counted call ended (execute writes it out)
     return raised.value, exe, xs
 
 
@@ -92,6 +94,7 @@ def test_a_failing_read_names_the_function_and_drops_its_reference(runtime_path,
             with pytest.raises(PjrtError) as raised:
                 x.to_numpy()
             assert raised.value.function == "PJRT_Buffer_OpaqueDeviceMemoryDataPointer"
+            assert not client._calls and not x._calls  # the counted call ended (to_numpy writes it out)
         calls = shim_report(path).split(";")
         assert calls.count("hold") == 2 and calls.count("unhold") == 2  # every reference taken was dropped
         x.delete()  # not pinned: it frees
@@ -199,3 +202,12 @@ def test_the_runtime_suite_passes_on_the_python_path():
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+def test_the_read_target_is_the_array_itself():
+    """The direct read writes through cffi's from_buffer without its Python wrapper: the same
+    char[] view over the same bytes as ``ffi.from_buffer``."""
+    array = np.arange(6, dtype=np.float32)
+    fast, wrapped = _buffer._char_buffer(array), ffi.from_buffer(array)
+    assert ffi.typeof(fast) is ffi.typeof(wrapped) and len(fast) == len(wrapped) == array.nbytes
+    assert int(ffi.cast("uintptr_t", fast)) == int(ffi.cast("uintptr_t", wrapped)) == array.ctypes.data

@@ -154,7 +154,8 @@ def worker(job):
             if job == "execute":
                 exe.execute([[a, b]])
             elif job == "read":
-                big.to_numpy()
+                big.to_numpy()  # through PJRT_Buffer_ToHostBuffer
+                a.to_numpy()  # the direct read of a small buffer (the dispatch hot path)
             else:
                 client.buffer_from_host(np.ones(4, np.float32))
         except (ValueError, RuntimeError):  # deleted / closed: the clean failures

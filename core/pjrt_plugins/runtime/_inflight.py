@@ -10,6 +10,10 @@ mark the object gone, then look at the counts. So either the call sees the mark 
 cleanly (ValueError, ClientClosedError), or the closer sees the call: ``close()`` waits for
 it, and ``delete()`` leaves the object in ``client._deferred``, freed when the last such call
 ends. No lock on the hot path: a few list operations per call.
+
+The dispatch hot path (``Executable.execute``, ``Buffer.to_numpy``, a buffer's ``_free_now``)
+writes these steps out instead of calling ``_begin``/``_end``: on Python 3.11 a frame costs
+about 0.1 us, and together they were 0.6 us of a 7 us execute-and-read (issue 16).
 """
 
 from __future__ import annotations
