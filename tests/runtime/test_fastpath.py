@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ import pjrt_plugins
 import pytest
 from pjrt_plugins.errors import PjrtError
 from pjrt_plugins.runtime import Client, CompileOptions, _buffer, _build_fastpath, _fastpath
+from pjrt_plugins.runtime._buffer import Buffer
 from pjrt_plugins.runtime._cdef import ffi
+from pjrt_plugins.runtime._events import ReadyEvents
 from runtime_support import ADD_F32_4, CPU_OPTION_SCHEMA, launch_ids, shim_report
 
 RUNTIME_TESTS = Path(__file__).resolve().parent
@@ -74,6 +77,34 @@ def test_a_failed_execution_raises_and_releases_its_outputs(runtime_path, build_
         assert error.code_name == "INVALID_ARGUMENT"  # the error the shim's device returned
         outputs = exe.execute([[x, x] for x in xs], wait=False)  # no wait: nothing to report
         assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4] * 2
+
+
+def test_ready_events_give_each_event_its_error_from_an_array_or_a_sequence(runtime_path, build_shim):
+    """ReadyEvents.errors (pjrtp_finish_ready, or the same calls from Python) on the device-complete
+    events of a raw execute that the shim fails on both devices: each event's own error, from the
+    frame's C array and from a list (copied into the plan's array, grown from 1 to 2)."""
+    with Client(build_shim(SHIM_FAIL_EXECUTION=True), {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
+        xs = [client.buffer_from_host(np.ones(4, np.float32), device=d) for d in range(2)]
+        exe.execute([[x, x] for x in xs], wait=False)  # makes the frame; no events asked
+        frame = exe._frames[2, 2][0]
+        for events_as in ("array", "list"):
+            frame.args.device_complete_events = frame.events
+            assert not frame.execute_fn(frame.args)  # the raw execute: its events are this test's to finish
+            frame.args.device_complete_events = ffi.NULL  # as the frame left it (wait=False)
+            outputs = [Buffer(client, frame.inner_outputs[d][0]) for d in range(2)]  # freed by the client
+            events = frame.events if events_as == "array" else list(frame.events)
+            ready = ReadyEvents(client._lib)
+            assert (ready.plan is not None) == (runtime_path == "compiled")
+            for _ in range(1000):  # None: not ready yet, nothing touched
+                errors = ready.errors(events, "PJRT_LoadedExecutable_Execute")
+                if errors is not None:
+                    break
+                time.sleep(0.01)
+            assert errors is not None and len(errors) == 2, errors
+            assert all(isinstance(e, PjrtError) and e.code_name == "INVALID_ARGUMENT" for e in errors), errors
+            assert {e.function for e in errors} == {"PJRT_LoadedExecutable_Execute"}
+            del outputs
 
 
 def test_a_failing_event_destroy_is_reported_after_every_event_is_destroyed(runtime_path, build_shim):

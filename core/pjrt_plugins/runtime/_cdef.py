@@ -1133,12 +1133,12 @@ CDEF = _TYPES + _api_struct_cdef()
 #: The build writes this text and CDEF into the C header, so both sides share one layout.
 FASTPATH_DECLARATIONS = """
 typedef enum {
-  PJRTP_DONE = 0,               /* executed; every event (if any) ready, awaited and destroyed */
+  PJRTP_DONE = 0,               /* every event (if any) was ready, awaited and destroyed */
   PJRTP_DONE_WITH_ERRORS = 1,   /* the same, and errors[] or destroy_errors[] hold an error */
-  PJRTP_EXECUTE_FAILED = 2,     /* errors[0] is PJRT_LoadedExecutable_Execute's error */
+  PJRTP_EXECUTE_FAILED = 2,     /* pjrtp_execute: execute_error is PJRT_LoadedExecutable_Execute's */
   PJRTP_RUNNING = 3,            /* an event is not ready yet: none was touched */
   PJRTP_READINESS_UNKNOWN = 4   /* errors[0] is PJRT_Event_IsReady's error: none was touched */
-} PJRTP_ExecuteStatus;
+} PJRTP_Status;
 
 typedef enum {
   PJRTP_STEP_HOLD = 0,          /* PJRT_Buffer_IncreaseExternalReferenceCount */
@@ -1146,17 +1146,22 @@ typedef enum {
   PJRTP_STEP_UNHOLD = 2         /* PJRT_Buffer_DecreaseExternalReferenceCount */
 } PJRTP_ReadStep;
 
-typedef struct PJRTP_ExecutePlan {
-  PJRT_Error* (*execute)(PJRT_LoadedExecutable_Execute_Args* args);
+typedef struct PJRTP_EventPlan {
   PJRT_Error* (*is_ready)(PJRT_Event_IsReady_Args* args);
   PJRT_Error* (*await_event)(PJRT_Event_Await_Args* args);
   PJRT_Error* (*destroy_event)(PJRT_Event_Destroy_Args* args);
-  PJRT_LoadedExecutable_Execute_Args* execute_args;
   PJRT_Event_IsReady_Args* is_ready_args;
   PJRT_Event_Await_Args* await_args;
   PJRT_Event_Destroy_Args* destroy_args;
-  PJRT_Error** errors;           /* one per device */
-  PJRT_Error** destroy_errors;   /* one per device */
+  PJRT_Error** errors;           /* one per event */
+  PJRT_Error** destroy_errors;   /* one per event */
+} PJRTP_EventPlan;
+
+typedef struct PJRTP_ExecutePlan {
+  PJRT_Error* (*execute)(PJRT_LoadedExecutable_Execute_Args* args);
+  PJRT_LoadedExecutable_Execute_Args* execute_args;
+  PJRTP_EventPlan* events;       /* finishes the device-complete events, one per device */
+  PJRT_Error* execute_error;     /* after PJRTP_EXECUTE_FAILED */
   int64_t* launch_ids;           /* the executable's counter: each execute takes the next, mod 2^31 */
 } PJRTP_ExecutePlan;
 
@@ -1171,6 +1176,7 @@ typedef struct PJRTP_ReadPlan {
   PJRT_Error* unhold_error;      /* after a failed PJRTP_STEP_WHERE: the unhold's own error */
 } PJRTP_ReadPlan;
 
+int pjrtp_finish_ready(PJRTP_EventPlan* plan, PJRT_Event** events, size_t count);
 int pjrtp_execute(PJRTP_ExecutePlan* plan);
 PJRT_Error* pjrtp_read_pinned(PJRTP_ReadPlan* plan, PJRT_Buffer* buffer, char* dst, size_t nbytes);
 unsigned long pjrtp_declarations_crc(void);

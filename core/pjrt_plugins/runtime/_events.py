@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PjrtError
+from . import _fastpath
 from ._cdef import ffi
 from ._library import new_args
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._library import Library
 
 logger = logging.getLogger(__name__)
+_pjrtp_finish_ready = _fastpath.library.pjrtp_finish_ready if _fastpath.library is not None else None
 
 #: How long the waiting thread sleeps between checks of its deadline and of CPU progress.
 WAIT_SLICE_S = 0.25
@@ -56,15 +58,20 @@ class WaitExpired(TimeoutError):
 class ReadyEvents:
     """Finishes events that are ready now: ``PJRT_Event_IsReady``, then ``PJRT_Event_Await``
     (which returns at once on a ready event) and ``PJRT_Event_Destroy``, with its own args
-    structs and the library's functions bound once.
+    structs and the library's functions bound once. With the compiled fast path all of it is one
+    C call (``pjrtp_finish_ready``, or ``pjrtp_execute`` after an execute), whose status
+    :meth:`outcome` reads; without it, the same calls from Python.
 
     One user at a time: an execute frame owns one, other waits take one from the library's
     pool (``lib.pool(ReadyEvents)``).
     """
 
-    __slots__ = ("_lib", "_is_ready", "_await", "_destroy", "_is_ready_fn", "_await_fn", "_destroy_fn")
+    __slots__ = (
+        "_lib", "_is_ready", "_await", "_destroy", "_is_ready_fn", "_await_fn", "_destroy_fn", "plan",
+        "_capacity", "_arrays",
+    )
 
-    def __init__(self, lib: Library) -> None:
+    def __init__(self, lib: Library, capacity: int = 1) -> None:
         self._lib = lib
         self._is_ready = new_args("PJRT_Event_IsReady_Args")
         self._await = new_args("PJRT_Event_Await_Args")
@@ -72,19 +79,59 @@ class ReadyEvents:
         self._is_ready_fn = lib.function("PJRT_Event_IsReady")
         self._await_fn = lib.function("PJRT_Event_Await")
         self._destroy_fn = lib.function("PJRT_Event_Destroy")
+        #: The PJRTP_EventPlan of the fast path (None without it), for pjrtp_execute too.
+        self.plan = _fastpath.event_plan(
+            (self._is_ready_fn, self._await_fn, self._destroy_fn), (self._is_ready, self._await, self._destroy)
+        )
+        self._capacity = 0
+        self._arrays: tuple[Any, Any, Any] = (None, None, None)  # events, errors, destroy errors
+        if self.plan is not None:
+            self._reserve(capacity)
 
-    def functions(self) -> tuple[Any, Any, Any]:
-        """``PJRT_Event_IsReady``, ``PJRT_Event_Await`` and ``PJRT_Event_Destroy`` (for a fast-path plan)."""
-        return self._is_ready_fn, self._await_fn, self._destroy_fn
-
-    def structs(self) -> tuple[Any, Any, Any]:
-        """The args structs of :meth:`functions`, in the same order."""
-        return self._is_ready, self._await, self._destroy
+    def _reserve(self, count: int) -> None:
+        """Make the plan's arrays hold ``count`` events."""
+        events = ffi.new("PJRT_Event*[]", count)
+        errors = ffi.new("PJRT_Error*[]", count)
+        destroy_errors = ffi.new("PJRT_Error*[]", count)
+        self.plan.errors, self.plan.destroy_errors = errors, destroy_errors
+        self._arrays = (events, errors, destroy_errors)
+        self._capacity = count
 
     def errors(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
         """The events' errors attributed to ``function``, destroying the events, if every one
         (NULL ones aside) is ready now; else None, with nothing touched (also when the plugin
         cannot say whether they are ready). ``events``: a sequence or a cffi array of them."""
+        if self.plan is None:
+            return self._errors_in_python(events, function)
+        count = len(events)
+        if count > self._capacity:
+            self._reserve(count)
+        if not isinstance(events, ffi.CData):
+            array = self._arrays[0]
+            for i, event in enumerate(events):
+                array[i] = event
+            events = array
+        return self.outcome(_pjrtp_finish_ready(self.plan, events, count), count, function)
+
+    def outcome(self, status: int, count: int, function: str) -> list[PjrtError | None] | None:
+        """The errors of ``count`` events after the fast path returned ``status`` for them (see
+        :meth:`errors`); raises the first failing ``PJRT_Event_Destroy``."""
+        if status == _fastpath.DONE:
+            return [None] * count
+        lib = self._lib
+        plan = self.plan
+        if status == _fastpath.DONE_WITH_ERRORS:  # every event awaited and destroyed: read the errors
+            errors = [lib.error_to_exception(e, function) if e else None for e in plan.errors[0:count]]
+            destroyed = [lib.error_to_exception(e, "PJRT_Event_Destroy") for e in plan.destroy_errors[0:count] if e]
+            if destroyed:
+                raise destroyed[0]
+            return errors
+        if status == _fastpath.READINESS_UNKNOWN:  # the plugin cannot say: the caller waits for callbacks
+            lib.error_to_exception(plan.errors[0], "PJRT_Event_IsReady")  # read and destroyed
+        return None  # RUNNING: not done yet
+
+    def _errors_in_python(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
+        """:meth:`errors` without the fast path."""
         args = self._is_ready
         is_ready = self._is_ready_fn
         ready = []

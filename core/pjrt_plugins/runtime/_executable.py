@@ -71,8 +71,7 @@ class _ExecuteFrame:
 
     __slots__ = (
         "args", "options", "inner_args", "inner_outputs", "events", "ready_events", "waits", "on_device",
-        "arguments", "num_args", "params", "template", "pool", "execute_fn", "_keep", "plan", "plan_errors",
-        "plan_destroy_errors",
+        "arguments", "num_args", "params", "template", "pool", "execute_fn", "_keep", "plan",
     )
 
     def __init__(
@@ -91,7 +90,7 @@ class _ExecuteFrame:
         argument_lists = ffi.new("PJRT_Buffer**[]", self.inner_args)
         output_lists = ffi.new("PJRT_Buffer**[]", self.inner_outputs)
         self.events = ffi.new("PJRT_Event*[]", num_devices)
-        self.ready_events = ReadyEvents(lib)
+        self.ready_events = ReadyEvents(lib, num_devices)
         self.arguments: Any = None  # the argument lists of the execute using this frame (see _inflight)
         self.num_args = num_args
         self.on_device = False  # execute_device is set
@@ -111,9 +110,8 @@ class _ExecuteFrame:
         args.output_lists = output_lists
         self.args = args
         self._keep = (argument_lists, output_lists, options)
-        # The compiled fast path runs the execute and finishes ready events in one C call.
-        plan = _fastpath.execute_plan(self.execute_fn, args, self.ready_events, num_devices, launch_ids)
-        self.plan, self.plan_errors, self.plan_destroy_errors = plan or (None, None, None)
+        # The compiled fast path runs the execute and finishes ready events in one C call (None without it).
+        self.plan = _fastpath.execute_plan(self.execute_fn, args, self.ready_events.plan, launch_ids)
 
 
 class Executable(OwnedHandle):
@@ -477,7 +475,7 @@ class Executable(OwnedHandle):
         if plan is not None:
             status = _pjrtp_execute(plan)  # the launch id, and the events when they are ready already
             if status == _fastpath.EXECUTE_FAILED:
-                raise self._lib.error_to_exception(frame.plan_errors[0], _EXECUTE)
+                raise self._lib.error_to_exception(plan.execute_error, _EXECUTE)
         else:
             frame.options.launch_id = next(self._launch_ids) % _LAUNCH_IDS
             status = _fastpath.RUNNING  # nothing waited for yet
@@ -505,22 +503,12 @@ class Executable(OwnedHandle):
         """Each device's execution error (None: it succeeded), waiting for what is still running;
         ``status`` says what the fast path did (``RUNNING`` also when there is none)."""
         events = frame.events  # one per device, as many as rows of outputs
-        lib = self._lib
+        ready = frame.ready_events
         try:
-            if status == _fastpath.DONE_WITH_ERRORS:  # every event finished and destroyed: read the errors
-                count = len(outputs)
-                errors = [lib.error_to_exception(e, _EXECUTE) if e else None for e in frame.plan_errors[0:count]]
-                destroyed = [lib.error_to_exception(e, "PJRT_Event_Destroy") for e in frame.plan_destroy_errors[0:count] if e]
-                if destroyed:
-                    raise destroyed[0]
-                return errors
-            if status == _fastpath.READINESS_UNKNOWN:  # the plugin cannot say: wait for callbacks
-                lib.error_to_exception(frame.plan_errors[0], "PJRT_Event_IsReady")  # read and destroyed
-                errors = None
-            elif frame.plan is None:
-                errors = frame.ready_events.errors(events, _EXECUTE)
-            else:  # RUNNING: the fast path asked already
-                errors = None
+            if frame.plan is None:  # the Python path: ask now
+                errors = ready.errors(events, _EXECUTE)
+            else:  # pjrtp_execute asked already
+                errors = ready.outcome(status, len(outputs), _EXECUTE)
         except BaseException:
             _release(outputs)
             raise

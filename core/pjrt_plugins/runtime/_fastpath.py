@@ -1,5 +1,6 @@
-"""The runtime's compiled fast path (``csrc/fastpath.c``): an execute with its wait, and a pinned
-read, each in one C call instead of several through libffi (dispatch cost, issue 16).
+"""The runtime's compiled fast path (``csrc/fastpath.c``): an execute with its wait, the finish of
+ready events, and a pinned read, each in one C call instead of several through libffi (dispatch
+cost, issue 16).
 
 Optional. When the library is missing, damaged or built from other declarations than this
 package's, or ``PJRT_PLUGINS_FASTPATH=0`` is set, the runtime makes the same calls from Python:
@@ -24,7 +25,7 @@ ENV_VARIABLE = "PJRT_PLUGINS_FASTPATH"
 
 logger = logging.getLogger(__name__)
 
-# Statuses of pjrtp_execute (see _cdef.FASTPATH_DECLARATIONS).
+# Statuses of pjrtp_finish_ready and pjrtp_execute (PJRTP_Status in _cdef.FASTPATH_DECLARATIONS).
 DONE, DONE_WITH_ERRORS, EXECUTE_FAILED, RUNNING, READINESS_UNKNOWN = range(5)
 #: The function that failed in pjrtp_read_pinned, by PJRTP_ReadStep.
 READ_STEPS = (
@@ -71,25 +72,30 @@ def launch_id_counter(start: int) -> Any:
     return ffi.new("int64_t*", start)
 
 
-def execute_plan(
-    execute_fn: Any, args: Any, ready_events: Any, num_devices: int, launch_ids: Any
-) -> tuple[Any, Any, Any] | None:
-    """``(plan, errors, destroy_errors)`` for ``pjrtp_execute`` over one execute frame's structs and
-    its executable's ``launch_ids`` (:func:`launch_id_counter`), or None without the fast path. The
-    caller keeps all three, the structs and the counter alive together."""
+def event_plan(functions: tuple[Any, Any, Any], structs: tuple[Any, Any, Any]) -> Any:
+    """A PJRTP_EventPlan over ReadyEvents' three functions and args structs (None without the
+    fast path); its owner points its ``errors`` and ``destroy_errors`` at arrays large enough."""
     if library is None:
         return None
+    plan = ffi.new("PJRTP_EventPlan*")
+    plan.is_ready, plan.await_event, plan.destroy_event = functions
+    plan.is_ready_args, plan.await_args, plan.destroy_args = structs
+    return plan
+
+
+def execute_plan(execute_fn: Any, args: Any, events: Any, launch_ids: Any) -> Any:
+    """A PJRTP_ExecutePlan for ``pjrtp_execute`` over one execute frame's args struct, the event
+    plan (:func:`event_plan`) that finishes its device-complete events and its executable's
+    ``launch_ids`` (:func:`launch_id_counter`), or None without the fast path. The caller keeps
+    them alive together."""
+    if library is None or events is None:
+        return None
     plan = ffi.new("PJRTP_ExecutePlan*")
-    errors = ffi.new("PJRT_Error*[]", max(1, num_devices))
-    destroy_errors = ffi.new("PJRT_Error*[]", max(1, num_devices))
     plan.execute = execute_fn
-    plan.is_ready, plan.await_event, plan.destroy_event = ready_events.functions()
     plan.execute_args = args
-    plan.is_ready_args, plan.await_args, plan.destroy_args = ready_events.structs()
-    plan.errors = errors
-    plan.destroy_errors = destroy_errors
+    plan.events = events
     plan.launch_ids = launch_ids
-    return plan, errors, destroy_errors
+    return plan
 
 
 def read_plan(functions: tuple[Any, Any, Any], structs: tuple[Any, Any, Any]) -> Any:

@@ -4,7 +4,8 @@
  * and calls the plugin's functions through the pointers it already checked (Library.function).
  *
  * Nothing here blocks: an event is awaited only once PJRT_Event_IsReady says it is ready, so
- * a program still running leaves its events to the runtime's bounded, interruptible wait.
+ * a program still running leaves its events to the runtime's bounded, interruptible wait
+ * (pjrtp_finish_ready serves every wait of the runtime, ReadyEvents in _events.py).
  *
  * "pjrt_fastpath.h" is written at build time (runtime/_build_fastpath.py) from _cdef.CDEF and
  * _cdef.FASTPATH_DECLARATIONS, the same text the runtime gives cffi: one set of declarations.
@@ -13,24 +14,12 @@
 
 #include "pjrt_fastpath.h"
 
-int pjrtp_execute(PJRTP_ExecutePlan* plan) {
-  PJRT_LoadedExecutable_Execute_Args* args = plan->execute_args;
-  /* Executes on several threads at once share the counter (cffi calls run without the GIL). */
-  int64_t launch = __atomic_fetch_add(plan->launch_ids, 1, __ATOMIC_RELAXED);
-  args->options->launch_id = (int)(launch % 2147483648LL);
-  PJRT_Error* error = plan->execute(args);
-  if (error != NULL) {
-    plan->errors[0] = error;
-    return PJRTP_EXECUTE_FAILED;
-  }
-  PJRT_Event** events = args->device_complete_events;
-  if (events == NULL) return PJRTP_DONE;
-  size_t count = args->num_devices;
+int pjrtp_finish_ready(PJRTP_EventPlan* plan, PJRT_Event** events, size_t count) {
   PJRT_Event_IsReady_Args* ready = plan->is_ready_args;
   for (size_t i = 0; i < count; i++) {
     if (events[i] == NULL) continue;
     ready->event = events[i];
-    error = plan->is_ready(ready);
+    PJRT_Error* error = plan->is_ready(ready);
     if (error != NULL) {  /* the plugin cannot say: the caller waits for callbacks instead */
       plan->errors[0] = error;
       return PJRTP_READINESS_UNKNOWN;
@@ -50,6 +39,20 @@ int pjrtp_execute(PJRTP_ExecutePlan* plan) {
     if (plan->errors[i] != NULL || plan->destroy_errors[i] != NULL) status = PJRTP_DONE_WITH_ERRORS;
   }
   return status;
+}
+
+int pjrtp_execute(PJRTP_ExecutePlan* plan) {
+  PJRT_LoadedExecutable_Execute_Args* args = plan->execute_args;
+  /* Executes on several threads at once share the counter (cffi calls run without the GIL). */
+  int64_t launch = __atomic_fetch_add(plan->launch_ids, 1, __ATOMIC_RELAXED);
+  args->options->launch_id = (int)(launch % 2147483648LL);
+  PJRT_Error* error = plan->execute(args);
+  if (error != NULL) {
+    plan->execute_error = error;
+    return PJRTP_EXECUTE_FAILED;
+  }
+  if (args->device_complete_events == NULL) return PJRTP_DONE;
+  return pjrtp_finish_ready(plan->events, args->device_complete_events, args->num_devices);
 }
 
 PJRT_Error* pjrtp_read_pinned(PJRTP_ReadPlan* plan, PJRT_Buffer* buffer, char* dst, size_t nbytes) {
