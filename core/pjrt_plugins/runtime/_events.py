@@ -67,8 +67,7 @@ class ReadyEvents:
     """
 
     __slots__ = (
-        "_lib", "_is_ready", "_await", "_destroy", "_is_ready_fn", "_await_fn", "_destroy_fn", "plan",
-        "_capacity", "_arrays",
+        "_lib", "_is_ready", "_await", "_destroy", "_is_ready_fn", "_await_fn", "_destroy_fn", "plan", "_arrays",
     )
 
     def __init__(self, lib: Library, capacity: int = 1) -> None:
@@ -83,8 +82,7 @@ class ReadyEvents:
         self.plan = _fastpath.event_plan(
             (self._is_ready_fn, self._await_fn, self._destroy_fn), (self._is_ready, self._await, self._destroy)
         )
-        self._capacity = 0
-        self._arrays: tuple[Any, Any, Any] = (None, None, None)  # events, errors, destroy errors
+        self._arrays: tuple[Any, Any, Any] = (None, None, None)  # the plan's events, errors, destroy errors
         if self.plan is not None:
             self._reserve(capacity)
 
@@ -95,7 +93,6 @@ class ReadyEvents:
         destroy_errors = ffi.new("PJRT_Error*[]", count)
         self.plan.errors, self.plan.destroy_errors = errors, destroy_errors
         self._arrays = (events, errors, destroy_errors)
-        self._capacity = count
 
     def errors(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
         """The events' errors attributed to ``function``, destroying the events, if every one
@@ -104,10 +101,11 @@ class ReadyEvents:
         if self.plan is None:
             return self._errors_in_python(events, function)
         count = len(events)
-        if count > self._capacity:
+        array = self._arrays[0]
+        if count > len(array):
             self._reserve(count)
-        if not isinstance(events, ffi.CData):
             array = self._arrays[0]
+        if not isinstance(events, ffi.CData):
             for i, event in enumerate(events):
                 array[i] = event
             events = array
