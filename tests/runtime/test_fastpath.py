@@ -19,7 +19,7 @@ import numpy as np
 import pjrt_plugins
 import pytest
 from pjrt_plugins.errors import PjrtError
-from pjrt_plugins.runtime import Client, CompileOptions, _buffer, _build_fastpath, _fastpath
+from pjrt_plugins.runtime import Client, CompileOptions, _buffer, _build_fastpath, _executable, _fastpath
 from pjrt_plugins.runtime._buffer import Buffer
 from pjrt_plugins.runtime._cdef import ffi
 from pjrt_plugins.runtime._events import ReadyEvents
@@ -105,6 +105,25 @@ def test_ready_events_give_each_event_its_error_from_an_array_or_a_sequence(runt
             assert all(isinstance(e, PjrtError) and e.code_name == "INVALID_ARGUMENT" for e in errors), errors
             assert {e.function for e in errors} == {"PJRT_LoadedExecutable_Execute"}
             del outputs
+
+
+def test_a_plugin_that_cannot_say_whether_an_execution_is_done_is_waited_for(runtime_path, build_shim, monkeypatch):
+    """PJRT_Event_IsReady fails on every event (READINESS_UNKNOWN in C): its error is read and
+    destroyed, and the execute waits for the events' callbacks instead, with the right results."""
+    statuses: list[int] = []
+    execute = _executable._pjrtp_execute
+    if runtime_path == "compiled":
+        monkeypatch.setattr(_executable, "_pjrtp_execute", lambda plan: statuses.append(execute(plan)) or statuses[-1])
+    with Client(build_shim(SHIM_FAIL_EVENT_IS_READY=True), {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4, CompileOptions(num_replicas=2))
+        xs = [client.buffer_from_host(np.full(4, d + 1, np.float32), device=d) for d in range(2)]
+        for wait in (True, False, True):
+            outputs = exe.execute([[x, x] for x in xs], wait=wait)
+            assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4, [4.0] * 4]
+        assert not client._calls and not exe._calls
+    # In C: IsReady failed (waited for in Python), no events asked (wait=False), IsReady failed.
+    unknown, done = _fastpath.READINESS_UNKNOWN, _fastpath.DONE
+    assert statuses == ([unknown, done, unknown] if runtime_path == "compiled" else [])
 
 
 def test_a_failing_event_destroy_is_reported_after_every_event_is_destroyed(runtime_path, build_shim):
