@@ -316,7 +316,7 @@ def test_an_integer_that_keeps_changing_stops_making_regions(engine, caplog, mon
     # A step counter becomes a symbolic int after it changes once: a region per value, kept for the process,
     # would pile up, so past MAX_SIGNATURES the graph runs op by op.
     from pjrt_plugins.spmd import _compile
-    from pjrt_plugins.spmd._lowering import _region
+    from pjrt_plugins.spmd.lowering import _region
 
     monkeypatch.setattr(_compile, "MAX_SIGNATURES", 3)
     compiled = torch.compile(lambda a, step: a * step + step, backend="pjrt")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import UnsupportedOpError
 from pjrt_plugins.spmd import _executor, _fallback, _lazy
-from pjrt_plugins.spmd._lowering._optim import ADAM_STEP, SGD_STEP
+from pjrt_plugins.spmd.lowering._optim import ADAM_STEP, SGD_STEP
 
 from _exec_support import assert_close, engine  # noqa: F401
 

@@ -148,7 +148,7 @@ def test_products_follow_torchs_float32_matmul_precision(engine, matmul_precisio
     # torch's default ("highest") computes float32 products in float32; XLA's DEFAULT lets a GPU
     # use TF32 (seen on an H100: 1e-4 off torch). The setting is part of the program key.
     from pjrt_plugins.spmd import _executor
-    from pjrt_plugins.spmd._lowering import LoweringOptions
+    from pjrt_plugins.spmd.lowering import LoweringOptions
 
     a, w = torch.randn(4, 8), torch.randn(2, 3, 3, 3)
     image = torch.randn(1, 3, 6, 6)

@@ -13,14 +13,14 @@ from jaxlib.mlir.dialects import stablehlo
 
 from pjrt_plugins.errors import LoweringError, UnsupportedOpError
 from pjrt_plugins.spmd import _executor
-from pjrt_plugins.spmd._lowering import (
+from pjrt_plugins.spmd.lowering import (
     LoweringOptions,
     expand_graph,
     lower_graph,
     supported_ops,
     target_version,
 )
-from pjrt_plugins.spmd._lowering._mlir import make_context
+from pjrt_plugins.spmd.lowering._mlir import make_context
 
 from _exec_support import GatherFactor, RngAlgorithm, assert_close, engine, overriding, run, spec, trace  # noqa: F401
 

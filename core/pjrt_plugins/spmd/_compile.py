@@ -4,7 +4,7 @@ Why: the engine records every ATen operator a step dispatches, and torch's own d
 autograd cost more per operator than issue 16's 15 us (``benchmarks/tracing_floor.py``). Under
 ``torch.compile``, dynamo guards the Python (a changed learning rate or shape retraces) and
 AOTAutograd gives forward and backward as graphs of ATen ops; each becomes a ``pjrt::region``
-op (``_lowering/_region.py``), so a step records a handful of ops, and the engine still runs the
+op (``lowering/_region.py``), so a step records a handful of ops, and the engine still runs the
 regions with the eager ops around them (the optimizer) as one program.
 
 How torch traces a pjrt tensor: ``XLAShardedTensor.__tensor_flatten__`` exposes one inner tensor,
@@ -40,8 +40,8 @@ from torch.utils._pytree import tree_map_only
 from ..errors import UnsupportedOpError
 from . import _device, _executor, _lazy
 from ._device import next_rng_keys
-from ._lowering import expand_graph
-from ._lowering._region import REGION, region, register_region
+from .lowering import expand_graph
+from .lowering._region import REGION, region, register_region
 from .tensor import XLAShardedTensor, tracing_tensors_alive, unwrap, wrap
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from ..errors import ExecutionStuckError, LoweringError
 from ..runtime import CompileOptions
 from . import _disk_cache
-from ._lowering import (
+from .lowering import (
     LoweredModule,
     ScalarSlot,
     LoweringOptions,
@@ -363,7 +363,7 @@ def graph_signature(graph: fx.Graph) -> list:
         meta = tuple((tuple(v.shape), str(v.dtype)) for v in vals if isinstance(v, torch.Tensor))
         sharding = sharding_string(node.meta.get("sharding"))
         if node.op == "get_attr":
-            from ._lowering._module import _fetch_attr
+            from .lowering._module import _fetch_attr
 
             parts.append(("const", _const_repr(_fetch_attr(node))))
             continue

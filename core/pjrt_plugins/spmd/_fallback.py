@@ -22,7 +22,7 @@ import torch
 from ..errors import CpuFallbackWarning, UnsupportedOpError
 from . import _executor
 from ._data import TensorData
-from ._lowering import op_name
+from .lowering import op_name
 
 #: ``PJRT_CPU_FALLBACK=0`` starts the process strict.
 FALLBACK_ENV = "PJRT_CPU_FALLBACK"

@@ -25,7 +25,7 @@ from ..errors import DataDependentShapeError, UnsupportedOpError, VirtualDeviceE
 from . import _executor, _fallback, _transfer
 from ._data import TensorData, TensorState
 from ._device import TORCH_DEVICE, next_rng_key, virtual_device
-from ._lowering import (
+from .lowering import (
     COMPLEX_LOWERINGS,
     META_RULES,
     ScalarSlot,

@@ -3,7 +3,7 @@
 The foreach path records a dozen list ops per step, and torch computes each parameter's bias
 corrections in Python; the fused path is one ``aten._fused_adam(w)_`` / ``_fused_sgd_`` call,
 recorded here as one ``pjrt::adam_step`` / ``pjrt::sgd_step`` whose results become the new
-parameters and optimizer states (see ``_lowering/_optim.py``). What is not lowered (a GradScaler's
+parameters and optimizer states (see ``lowering/_optim.py``). What is not lowered (a GradScaler's
 ``grad_scale``/``found_inf``, the fused Adagrad) runs through the CPU fallback, or is refused when
 the fallback is off.
 """
@@ -16,8 +16,8 @@ import torch
 
 from ..errors import UnsupportedOpError
 from . import _fallback, _lazy
-from ._lowering import op_name
-from ._lowering._optim import ADAM_STEP, SGD_STEP, adam_step_outputs, sgd_step_outputs
+from .lowering import op_name
+from .lowering._optim import ADAM_STEP, SGD_STEP, adam_step_outputs, sgd_step_outputs
 
 aten = torch.ops.aten
 
