@@ -260,9 +260,9 @@ class TorchSide:
 
 def _last_run_split() -> dict:
     """Seconds of the last ``sync``: cache key, execution, bookkeeping after (from the engine's timers)."""
-    from pjrt_plugins.spmd import _lazy
+    from pjrt_plugins.spmd import trace
 
-    return dict(_lazy.last_run_timings())
+    return dict(trace.last_run_timings())
 
 
 # -- jax --------------------------------------------------------------------------------------------

@@ -25,13 +25,13 @@ from typing import Any
 import gpt_step
 from _measure import Table
 
-GOAL_US_PER_OP = 15.0  # issue 16
+GOAL_US_PER_OP = 15.0  # docs/benchmarks.md
 
 
 def floor_tensor_type() -> type:
     """The recording-free subclass (made here so that importing the module does not import torch)."""
     import torch
-    from pjrt_plugins.spmd import _device
+    from pjrt_plugins.spmd import frontend
     from torch.utils._pytree import tree_map
 
     class FloorTensor(torch.Tensor):
@@ -42,7 +42,7 @@ def floor_tensor_type() -> type:
 
         @staticmethod
         def __new__(cls, shape: Any, dtype: torch.dtype, requires_grad: bool = False) -> FloorTensor:
-            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=_device.TORCH_DEVICE,
+            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=frontend.TORCH_DEVICE,
                                                        requires_grad=requires_grad)
 
         __torch_function__ = torch._C._disabled_torch_function_impl
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     floor_cpu = statistics.median(results["floor"]["tracing_cpu"]) / ops * 1e6
     ours_cpu = statistics.median(results["ours"]["tracing_cpu"]) / ops * 1e6
     print()
-    print(f"ours / floor: {ours_cpu / floor_cpu:.2f}x; the floor alone is {floor_cpu / GOAL_US_PER_OP:.2f}x issue 16's "
+    print(f"ours / floor: {ours_cpu / floor_cpu:.2f}x; the floor alone is {floor_cpu / GOAL_US_PER_OP:.2f}x the goal's "
           f"{GOAL_US_PER_OP:g} us per op")
     print(f"done (load {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     return 0

@@ -1,4 +1,4 @@
-"""Shared helpers for the lowering and execution tests (issue 6): the 8-device CPU plugin, tracing, comparing.
+"""Shared helpers for the lowering and execution tests: the 8-device CPU plugin, tracing, comparing.
 
 Import fixtures from here into a test module (``from _exec_support import engine  # noqa: F401``).
 """
@@ -16,8 +16,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import pjrt_plugins
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _device, _executor, _lazy
-from pjrt_plugins.spmd._sharding import ShardingSpec
+from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd import devices
+from pjrt_plugins.spmd.sharding import ShardingSpec
 
 MESH_SHAPE = (2, 4)
 NUM_DEVICES = 8
@@ -25,9 +26,9 @@ NUM_DEVICES = 8
 
 def ensure_cpu8() -> Any:
     """pjrt:0 on the real CPU plugin with 8 devices, SPMD on (reusing the client when it already is)."""
-    vd = _device.peek_virtual_device()
+    vd = devices.peek_virtual_device()
     if vd is None or vd.spmd is False or vd.num_devices != NUM_DEVICES or getattr(vd.plugin, "name", None) != "cpu":
-        _device.set_spmd(True)
+        devices.set_spmd(True)
         xs.set_plugin("cpu", options={"cpu_device_count": NUM_DEVICES})
         vd = xs.virtual_device()
     return vd
@@ -38,11 +39,11 @@ def engine() -> Any:
     """The 8-device CPU virtual device with the execution state reset (metrics, pending graph), strict: an op
     without a lowering raises instead of going through the CPU fallback (which is on again afterwards)."""
     vd = ensure_cpu8()
-    _lazy.sync()
-    _lazy.set_cpu_fallback(False)
-    _executor.reset_metrics()
+    xs.sync()
+    xs.set_cpu_fallback(False)
+    xs.reset_metrics()
     yield vd
-    _lazy.set_cpu_fallback(True)
+    xs.set_cpu_fallback(True)
 
 
 def spec(*partition: Any, mesh_shape: Sequence[int] = MESH_SHAPE) -> ShardingSpec:
@@ -58,7 +59,7 @@ def trace(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.GraphModule:
 def run(fn: Callable[..., Any], args: Sequence[torch.Tensor], shardings: Sequence[Any] | None = None) -> tuple[list, Any]:
     """Trace ``fn``, run it sharded on the 8 devices; returns (outputs on the CPU, compiled program)."""
     gm = trace(fn, *args)
-    return _executor.run_graph(gm, list(args), shardings)
+    return execution.run_graph(gm, list(args), shardings)
 
 
 def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _device
+from pjrt_plugins.spmd import devices
 
 #: (plugin name, client options) for each device fixture.
 DEVICE_SETUPS = {
@@ -16,7 +16,7 @@ DEVICE_SETUPS = {
 
 def _use(name: str) -> xs.VirtualDevice:
     plugin, options = DEVICE_SETUPS[name]
-    _device.set_spmd(True)
+    devices.set_spmd(True)
     xs.set_plugin(plugin, options=options)
     vd = xs.virtual_device()
     xs.reset_transfer_counters()
@@ -44,8 +44,8 @@ def any_device(request: pytest.FixtureRequest) -> xs.VirtualDevice:
 @pytest.fixture
 def fresh_device_state(monkeypatch: pytest.MonkeyPatch):
     """Forget plugin / SPMD choices before and after the test (for tests that change the mode)."""
-    monkeypatch.delenv(_device.USE_SPMD_ENV, raising=False)
-    _device._reset_choices()
+    monkeypatch.delenv(devices.USE_SPMD_ENV, raising=False)
+    devices.reset_choices()
     xs.reset_transfer_counters()
     yield
-    _device._reset_choices()
+    devices.reset_choices()

@@ -1,4 +1,4 @@
-"""An error inside a built-in backward formula is a Python exception, never a process death (issue 12 item 1).
+"""An error inside a built-in backward formula is a Python exception, never a process death.
 
 torch hands ``__torch_dispatch__`` errors to C++ with the Python error still set, and autograd's
 engine unwinds through the ``pjrt`` device's Python stream guard, whose ``noexcept`` destructor
@@ -21,7 +21,7 @@ CHILD = textwrap.dedent('''
     import sys, torch, torch.nn.functional as F
     import pjrt_plugins.spmd as xs
     from pjrt_plugins.errors import VirtualDeviceError
-    from pjrt_plugins.spmd import _device
+    from pjrt_plugins.spmd.devices import _virtual_device
 
     xs.set_plugin("cpu", options={"cpu_device_count": 8})
 
@@ -33,7 +33,7 @@ CHILD = textwrap.dedent('''
     def stale(*shape):
         """A tensor on the devices of a virtual device that is then replaced."""
         t = on_devices(*shape)
-        _device._replace_current()
+        _virtual_device._replace_current()
         return t
 
     def one_result():                      # MulBackward0: grad * w
@@ -52,7 +52,7 @@ CHILD = textwrap.dedent('''
     def loss_backward():                   # the weight of MulBackward0 goes stale after the forward
         x = torch.randn(4, 3).to("pjrt").requires_grad_()
         loss = (x * on_devices(4, 3)).sum()
-        _device._replace_current()
+        _virtual_device._replace_current()
         loss.backward()
 
     for threads in (True, False):

@@ -1,4 +1,4 @@
-"""``torch.compile(..., backend="pjrt")`` (issue 16: a cache hit records one op per graph, not one per operator).
+"""``torch.compile(..., backend="pjrt")``: a cache hit records one op per graph, not one per operator.
 
 The backend is found through the real ``torch_dynamo_backends`` entry point of the installed package.
 Compiled functions and training steps give the numbers of the same code run eagerly on pjrt (and of
@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor
+
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -37,10 +37,10 @@ def fresh_dynamo():
 
 def _recorded_ops(fn) -> tuple[int, torch.Tensor]:
     xs.sync()
-    before = _executor.metrics().ops_recorded
+    before = xs.metrics().ops_recorded
     result = fn()
     xs.sync()
-    return _executor.metrics().ops_recorded - before, result
+    return xs.metrics().ops_recorded - before, result
 
 
 def test_the_backend_is_found_by_name_and_a_cache_hit_records_one_op(engine):
@@ -55,11 +55,11 @@ def test_the_backend_is_found_by_name_and_a_cache_hit_records_one_op(engine):
     compiled = torch.compile(f, backend="pjrt", fullgraph=True)
     assert_close("first call", compiled(xp, wp).cpu(), f(x, w))
     eager_ops, _ = _recorded_ops(lambda: f(xp, wp))
-    compiles = _executor.metrics().compiles
+    compiles = xs.metrics().compiles
     compiled_ops, out = _recorded_ops(lambda: compiled(xp, wp))
     assert_close("second call", out.cpu(), f(x, w))
     assert compiled_ops == 1 < eager_ops
-    assert _executor.metrics().compiles == compiles
+    assert xs.metrics().compiles == compiles
 
 
 def _gpt_like(seed: int) -> nn.Module:
@@ -97,7 +97,7 @@ def test_a_compiled_training_step_gives_the_eager_numbers(engine, fused):
     losses: list[list[float]] = [[], [], []]
     for step in range(4):
         if step == 3:
-            compiles = _executor.metrics().compiles
+            compiles = xs.metrics().compiles
         for fn, opt, inputs, out in zip((ref, *step_fns), opts, ((idx, tgt), batch, batch), losses):
             loss = fn(*inputs)
             loss.backward()
@@ -105,7 +105,7 @@ def test_a_compiled_training_step_gives_the_eager_numbers(engine, fused):
             opt.zero_grad()
             out.append(loss)
         xs.sync()
-    assert _executor.metrics().compiles == compiles  # a steady step reuses its program
+    assert xs.metrics().compiles == compiles  # a steady step reuses its program
     ref_losses, eager_losses, compiled_losses = ([float(v) for v in vs] for vs in losses)
     assert compiled_losses == eager_losses
     assert compiled_losses == pytest.approx(ref_losses, rel=1e-5)
@@ -195,10 +195,10 @@ def test_lazy_inputs_are_recorded_into_the_same_program(engine):
     compiled = torch.compile(lambda a: a @ a.t(), backend="pjrt")
     compiled(x.to("pjrt"))
     xs.sync()
-    executions = _executor.metrics().executions
+    executions = xs.metrics().executions
     out = compiled(x.to("pjrt") + 1) + 2  # eager ops before and after the region: one program
     assert_close("out", out.cpu(), (x + 1) @ (x + 1).t() + 2, rtol=1e-5, atol=1e-5)
-    assert _executor.metrics().executions == executions + 1
+    assert xs.metrics().executions == executions + 1
 
 
 @pytest.mark.parametrize("backend", ["aot_eager"])
@@ -267,7 +267,7 @@ def test_dynamic_shapes_record_one_region_per_graph_for_every_size(engine, caplo
     ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     model = copy.deepcopy(ref).to("pjrt")
     compiled = torch.compile(model, backend="pjrt", dynamic=True)
-    caplog.set_level("DEBUG", logger="pjrt_plugins.spmd._compile")
+    caplog.set_level("DEBUG", logger="pjrt_plugins.spmd.frontend._dynamo_backend")
     for batch in (4, 6, 8, 6):
         x = torch.randn(batch, 8)
         ops, out = _recorded_ops(lambda x=x: compiled(xs.mark_sharding(x.to("pjrt"), MESH, ("data", None))))
@@ -290,7 +290,7 @@ def test_a_new_sequence_length_keeps_training_in_regions(engine, caplog):
     eager, compiled_model = copy.deepcopy(ref).to("pjrt"), copy.deepcopy(ref).to("pjrt")
     step_fns = [eager, torch.compile(compiled_model, backend="pjrt")]
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled_model)]
-    caplog.set_level("DEBUG", logger="pjrt_plugins.spmd._compile")
+    caplog.set_level("DEBUG", logger="pjrt_plugins.spmd.frontend._dynamo_backend")
     for length in (6, 9, 12, 9):
         idx, tgt = torch.randint(0, 32, (8, length)), torch.randint(0, 32, (8, length))
         losses = []
@@ -315,14 +315,15 @@ def test_a_new_sequence_length_keeps_training_in_regions(engine, caplog):
 def test_an_integer_that_keeps_changing_stops_making_regions(engine, caplog, monkeypatch):
     # A step counter becomes a symbolic int after it changes once: a region per value, kept for the process,
     # would pile up, so past MAX_SIGNATURES the graph runs op by op.
-    from pjrt_plugins.spmd import _compile
+
+    from pjrt_plugins.spmd.frontend import _dynamo_backend
     from pjrt_plugins.spmd.lowering import _region
 
-    monkeypatch.setattr(_compile, "MAX_SIGNATURES", 3)
+    monkeypatch.setattr(_dynamo_backend, "MAX_SIGNATURES", 3)
     compiled = torch.compile(lambda a, step: a * step + step, backend="pjrt")
     x = torch.randn(4)
     xp = x.to("pjrt")
-    caplog.set_level("INFO", logger="pjrt_plugins.spmd._compile")
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd.frontend._dynamo_backend")
     for step in range(1, 9):
         assert_close(f"step {step}", compiled(xp, step).cpu(), x * step + step)
     assert caplog.text.count("met more than 3 signatures") == 1, caplog.text
@@ -334,7 +335,7 @@ def test_an_integer_that_keeps_changing_stops_making_regions(engine, caplog, mon
 
 def test_a_dynamic_graph_that_is_no_region_runs_op_by_op(engine, caplog):
     compiled = torch.compile(lambda a: (a * 2).cpu() + 1, backend="pjrt", dynamic=True)
-    caplog.set_level("INFO", logger="pjrt_plugins.spmd._compile")
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd.frontend._dynamo_backend")
     for n in (3, 5):
         x = torch.randn(n)
         out = compiled(x.to("pjrt"))
@@ -365,7 +366,7 @@ def test_numbers_made_in_the_compiled_code_are_part_of_the_region(engine, dynami
         return torch.where(a > 0, a * torch.tensor(2.5), torch.tensor(float("-inf")))
 
     compiled = torch.compile(f, backend="pjrt", dynamic=dynamic)
-    caplog.set_level("INFO", logger="pjrt_plugins.spmd._compile")
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd.frontend._dynamo_backend")
     for rows in (2, 5):
         x = torch.randn(rows, 3)
         ops, out = _recorded_ops(lambda x=x: compiled(x.to("pjrt")))

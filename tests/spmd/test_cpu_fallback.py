@@ -1,4 +1,4 @@
-"""The CPU fallback (issue 12 item 6): on by default, warns once per op, counted, refused when strict, and robust.
+"""The CPU fallback: on by default, warns once per op, counted, refused when strict, and robust.
 
 Robust means: data-dependent shapes, in-place ops (also into a pending view), out= tensors,
 several results, non-tensor results and autograd through a fallback op all give torch's answer.
@@ -15,7 +15,7 @@ import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import CpuFallbackWarning, UnsupportedOpError
-from pjrt_plugins.spmd import _fallback, _lazy
+from pjrt_plugins.spmd.frontend import _fallback
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -23,13 +23,13 @@ from _exec_support import assert_close, engine  # noqa: F401
 @pytest.fixture
 def fallback(engine):
     """The engine with the CPU fallback on (its default) and its warnings forgotten."""
-    _lazy.set_cpu_fallback(True)
+    xs.set_cpu_fallback(True)
     _fallback._warned.clear()
     return engine
 
 
 def test_the_fallback_is_on_by_default_and_the_environment_can_make_it_strict():
-    code = "from pjrt_plugins.spmd import _lazy; print(_lazy.cpu_fallback_enabled())"
+    code = "from pjrt_plugins.spmd.frontend import _fallback; print(_fallback.cpu_fallback_enabled())"
     default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     strict = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**__import__("os").environ, "PJRT_CPU_FALLBACK": "0"})

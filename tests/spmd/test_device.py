@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.errors import UnsupportedOpError, VirtualDeviceError
-from pjrt_plugins.spmd import _device
-from pjrt_plugins.spmd._data import TensorState
-from pjrt_plugins.spmd.tensor import unwrap
+from pjrt_plugins.errors import VirtualDeviceError
+from pjrt_plugins.spmd import devices
+from pjrt_plugins.spmd.frontend import _seam, unwrap
+from pjrt_plugins.spmd.transport import TensorState
 
 
 def test_pjrt_is_a_torch_device():
@@ -149,7 +149,7 @@ def test_deepcopy_of_a_module_on_pjrt(cpu8):
 
 def test_manual_seed_reaches_the_device():
     torch.manual_seed(1234)
-    assert _device.get_seed() == 1234
+    assert devices.get_seed() == 1234
 
 
 def test_other_operators_go_to_the_execution_engine(cpu8, monkeypatch):
@@ -161,7 +161,7 @@ def test_other_operators_go_to_the_execution_engine(cpu8, monkeypatch):
         return sentinel
 
     fake_engine = types.SimpleNamespace(dispatch=fake_dispatch, materialize=lambda datas: None)
-    monkeypatch.setattr(_device, "_lazy_cache", fake_engine)
+    monkeypatch.setattr(_seam, "_engine", fake_engine)
     p = torch.ones(3).to("pjrt")
     assert torch.ops.aten.add.Tensor(p, p) is sentinel
     func, args, _ = calls[0]
@@ -182,10 +182,29 @@ def test_an_operator_nobody_handles_raises_naming_it_when_strict(cpu8):
         xs.set_cpu_fallback(True)
 
 
-def test_without_the_engine_the_error_says_what_is_missing(cpu8, monkeypatch):
-    monkeypatch.setattr(_device, "_lazy_cache", None)  # as in a build without spmd/_lazy.py
-    with pytest.raises(UnsupportedOpError, match=r"aten\.add\.Tensor .*execution engine"):
-        torch.ones(2).to("pjrt") + 1
+def test_without_jaxlib_the_first_operator_says_what_to_install():
+    # A process where jaxlib cannot be imported (an install without the [spmd] extra's jaxlib): making,
+    # moving and marking tensors works; the first operator needs the engine and says what is missing.
+    script = textwrap.dedent(
+        """
+        import sys, importlib.abc
+        class NoJaxlib(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "jaxlib" or name.startswith("jaxlib."):
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, NoJaxlib())
+        import torch, pjrt_plugins.spmd as xs
+        xs.set_plugin("cpu", options={"cpu_device_count": 2})
+        t = torch.ones(2).to("pjrt")
+        try:
+            t + 1
+        except ImportError as exc:
+            print("ImportError:", exc)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "ImportError: running operators on the pjrt device needs jaxlib" in out.stdout, out.stderr[-2000:]
+    assert "pjrt-plugins[spmd]" in out.stdout
 
 
 def test_autograd_through_a_pjrt_parameter_does_not_abort():

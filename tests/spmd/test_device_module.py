@@ -1,4 +1,4 @@
-"""``torch.pjrt``, the device module: what torch's RNG forking, checkpointing and autocast ask of it (issue 12 item 7)."""
+"""``torch.pjrt``, the device module: what torch's RNG forking, checkpointing and autocast ask of it."""
 
 from __future__ import annotations
 

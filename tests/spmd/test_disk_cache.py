@@ -18,14 +18,14 @@ import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import CompileCacheWarning
-from pjrt_plugins.spmd import _disk_cache, _executor
+from pjrt_plugins.spmd.execution import _disk_cache
 
 from _exec_support import engine, run  # noqa: F401
 
 STEP = """
 import json, torch
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor
+from pjrt_plugins.spmd.execution import _disk_cache
 xs.set_plugin("cpu", options={"cpu_device_count": 8})
 mesh = xs.Mesh(range(8), (2, 4))
 x = xs.mark_sharding(torch.arange(64.0).reshape(8, 8).to("pjrt"), mesh, (0, 1))
@@ -42,16 +42,16 @@ def cache_dir(monkeypatch):
 
     def use(path):
         xs.set_cache_dir(path)
-        _executor.clear_compile_cache()
-        _executor.reset_metrics()
+        xs.clear_compile_cache()
+        xs.reset_metrics()
         return path
 
     yield use
-    _executor.clear_compile_cache()
+    xs.clear_compile_cache()
 
 
 def compiled_and_loaded() -> tuple[int, int]:
-    metrics = _executor.metrics()
+    metrics = xs.metrics()
     return metrics.compiles, metrics.persistent_cache_hits
 
 
@@ -71,7 +71,7 @@ X = torch.arange(8.0)
 
 
 CHILD = STEP + textwrap.dedent("""
-    m = _executor.metrics()
+    m = xs.metrics()
     result.update(compiles=m.compiles, persistent=m.persistent_cache_hits)
     print(json.dumps(result))
 """)
@@ -110,7 +110,7 @@ def test_the_directory_and_its_entries_are_private(engine, cache_dir, tmp_path):
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     [entry] = entries(cache)
     assert stat.S_IMODE(entry.stat().st_mode) == 0o600
-    _executor.clear_compile_cache()
+    xs.clear_compile_cache()
     assert run(add_one, [X])[0][0].tolist() == (X + 1).tolist()
     assert compiled_and_loaded() == (1, 1)
 
@@ -125,14 +125,14 @@ def test_an_entry_copied_over_another_programs_key_is_never_run(engine, cache_di
     run(times_two, [X])
     [entry] = entries(times)
     shutil.copyfile(plus, entry)
-    _executor.clear_compile_cache()
-    _executor.reset_metrics()
+    xs.clear_compile_cache()
+    xs.reset_metrics()
     with caplog.at_level(logging.WARNING, logger=_disk_cache.__name__):
         outputs, program = run(times_two, [X])
     assert outputs[0].tolist() == (X * 2).tolist()
     assert compiled_and_loaded() == (1, 0) and not program.from_disk
     assert "it was stored for another program_sha256; compiling instead" in caplog.text
-    _executor.clear_compile_cache()
+    xs.clear_compile_cache()
     assert run(times_two, [X])[0][0].tolist() == (X * 2).tolist()  # the entry is x * 2's again
     assert compiled_and_loaded() == (1, 1)
 
@@ -150,7 +150,7 @@ def test_a_damaged_entry_is_compiled_again(engine, cache_dir, tmp_path, caplog, 
     else:
         data = bytearray(b"#!/bin/sh\n")
     entry.write_bytes(bytes(data))
-    _executor.clear_compile_cache()
+    xs.clear_compile_cache()
     with caplog.at_level(logging.WARNING, logger=_disk_cache.__name__):
         assert run(add_one, [X])[0][0].tolist() == (X + 1).tolist()
     assert compiled_and_loaded() == (2, 0)
@@ -186,7 +186,7 @@ def test_an_entry_is_not_read_once_others_can_write_its_directory(engine, cache_
     cache = cache_dir(tmp_path / "cache")
     run(add_one, [X])
     cache.chmod(0o770)
-    _executor.clear_compile_cache()
+    xs.clear_compile_cache()
     with pytest.warns(CompileCacheWarning, match="is writable by other users"):
         run(add_one, [X])
     assert compiled_and_loaded() == (2, 0)

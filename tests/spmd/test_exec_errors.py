@@ -7,8 +7,9 @@ import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import DataDependentShapeError, UnsupportedOpError
-from pjrt_plugins.spmd import _executor, _lazy
-from pjrt_plugins.spmd._data import TensorState
+from pjrt_plugins.spmd.frontend import _fallback
+from pjrt_plugins.spmd.trace import _materialize
+from pjrt_plugins.spmd.transport import TensorState
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -21,7 +22,7 @@ def test_unsupported_op_gives_an_error_naming_the_op(engine):
         torch.linalg.svdvals(t)
     assert info.value.op == "aten._linalg_svd.default"
     assert "set_cpu_fallback" in str(info.value)
-    assert _executor.metrics().executions == 0
+    assert xs.metrics().executions == 0
     assert_close("pending work", y.cpu(), x * 2)
 
 
@@ -36,7 +37,7 @@ def test_out_forms_run_natively_into_their_out_tensors(engine):
     out = torch.empty(4).to("pjrt")
     torch.add(t, t, out=out)
     assert_close("add out=", out.cpu(), t.cpu() * 2)
-    assert _executor.metrics().fallbacks == 0
+    assert xs.metrics().fallbacks == 0
 
 
 def test_explicit_generators_are_refused(engine):
@@ -54,10 +55,10 @@ def test_combining_with_another_device_is_an_error(engine):
 def test_strict_mode_refuses_what_the_cpu_fallback_would_run(engine):
     x = torch.randn(5, 7)
     t = xs.mark_sharding(x.to("pjrt"), xs.Mesh(range(8), (2, 4)), (None, None))
-    assert not _lazy.cpu_fallback_enabled()
+    assert not _fallback.cpu_fallback_enabled()
     with pytest.raises(UnsupportedOpError, match="_linalg_svd.*fallback is off"):
         torch.linalg.svdvals(t @ t.T + torch.eye(5).to("pjrt"))
-    assert _executor.metrics().fallbacks == 0
+    assert xs.metrics().fallbacks == 0
 
 
 def test_a_failed_graph_leaves_its_tensors_with_a_clear_error(engine, monkeypatch):
@@ -67,7 +68,7 @@ def test_a_failed_graph_leaves_its_tensors_with_a_clear_error(engine, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("compiler exploded")
 
-    monkeypatch.setattr(_executor, "program_for", broken)
+    monkeypatch.setattr(_materialize, "program_for", broken)
     with pytest.raises(RuntimeError, match="compiler exploded"):
         xs.sync()
     monkeypatch.undo()

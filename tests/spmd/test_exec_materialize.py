@@ -8,8 +8,9 @@ import contextlib
 import torch
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor, _lazy
-from pjrt_plugins.spmd._data import TensorState
+from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd import trace
+from pjrt_plugins.spmd.transport import TensorState
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -23,13 +24,13 @@ def test_ops_are_recorded_until_a_materialization_point(engine):
     xd = xs.mark_sharding(x.to("pjrt"), _mesh(), (0, 1))
     y = (xd * 2 + 1).relu()
     assert y._pjrt_data.state is TensorState.LAZY
-    assert _lazy.pending_ops() >= 3
-    assert _executor.metrics().executions == 0
+    assert trace.pending_ops() >= 3
+    assert xs.metrics().executions == 0
     xs.sync()
-    assert _lazy.pending_ops() == 0
+    assert trace.pending_ops() == 0
     assert y._pjrt_data.state is TensorState.DEVICE
-    assert _executor.metrics().executions == 1
-    assert _executor.metrics().bytes_downloaded == 0  # sync leaves the results on the devices
+    assert xs.metrics().executions == 1
+    assert xs.metrics().bytes_downloaded == 0  # sync leaves the results on the devices
     # Propagation: the elementwise result keeps the input's tiling, visible in sharding_spec.
     assert y.sharding_spec == "{devices=[2,4]0,1,2,3,4,5,6,7}"
     assert_close("y", y.cpu(), (x * 2 + 1).relu())
@@ -48,13 +49,13 @@ def test_every_materialization_point_runs_the_pending_graph(engine):
         "sync": lambda t: xs.sync(),
     }
     for name, point in checks.items():
-        before = _executor.metrics().executions
+        before = xs.metrics().executions
         t = base * 3
         assert t._pjrt_data.state is TensorState.LAZY, name
         with contextlib.redirect_stdout(io.StringIO()):
             point(t)
         assert t._pjrt_data.state is TensorState.DEVICE, name
-        assert _executor.metrics().executions == before + 1, name
+        assert xs.metrics().executions == before + 1, name
     assert (base * 3).sum().item() == (x * 3).sum().item()
     assert (base * 3).tolist() == (x * 3).tolist()
     assert "XLAShardedTensor" in repr(base * 3)
@@ -79,7 +80,7 @@ def test_marking_an_intermediate_constrains_the_result(engine):
     z = y + 1
     xs.sync()
     assert y.sharding_spec == _mesh().get_op_sharding((None, 1)).to_hlo()
-    assert "@Sharding" in _executor.last_program().lowered.text
+    assert "@Sharding" in execution.last_program().lowered.text
     assert_close("z", z.cpu(), x * 2 + 1)
 
 

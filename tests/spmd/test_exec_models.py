@@ -1,6 +1,6 @@
 """Models on sharded tensors against plain torch: a single-head attention block and embedding lookups.
 
-Embeddings run under both gather modes of seed 001 (dense one-hot form and sparse gather), switched
+Embeddings run under both gather modes of the ``dense_gather_factor`` hook (dense one-hot form and sparse gather), switched
 with a site override of the CPU plugin's ``pjrt_dense_gather_factor`` hook.
 """
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor
+from pjrt_plugins.spmd import execution
 
 from _exec_support import GatherFactor, assert_close, engine, overriding  # noqa: F401
 
@@ -88,7 +88,7 @@ def test_embedding_lookup_and_gradient_under_both_gather_modes(engine, factor, d
         xs.mark_sharding(emb.weight, mesh, (None, "model"))
         idx = torch.randint(0, 50, (8, 6))
         idx_d = xs.mark_sharding(idx.to("pjrt"), mesh, ("data", None))
-        _executor.clear_compile_cache()
+        xs.clear_compile_cache()
         out = emb(idx_d)
         weights = torch.linspace(-1, 1, 12)
         (out * weights.to("pjrt")).sum().backward()
@@ -96,7 +96,7 @@ def test_embedding_lookup_and_gradient_under_both_gather_modes(engine, factor, d
         (out_ref * weights).sum().backward()
         assert_close("embedding", out.cpu(), out_ref)
         assert_close("embedding grad", emb.weight.grad.cpu(), ref.weight.grad)
-        program = _executor.last_program()
+        program = execution.last_program()
         text = program.lowered.text
         if dense:
             assert "stablehlo.gather" not in text and "stablehlo.scatter" not in text

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _device, _executor, _lazy
+from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd import devices
+from pjrt_plugins.spmd.trace import _materialize
 
 from _exec_support import RngAlgorithm, engine, overriding  # noqa: F401
 
@@ -67,14 +69,14 @@ def test_rng_algorithm_follows_the_plugins_rng_default(engine):
         with overriding(engine.plugin, RngAlgorithm(name)):
             assert engine.plugin.rng_default() == name
             y = _dropout_run(77)
-            text = _executor.last_program().lowered.text
+            text = execution.last_program().lowered.text
         assert f"algorithm = {mlir}" in text
         seen[name] = y
     # Same seed, different algorithm: different masks.
     assert not torch.equal(seen["three_fry"], seen["philox"])
     assert engine.plugin.rng_default() == "default"
     _dropout_run(77)
-    assert "algorithm = DEFAULT" in _executor.last_program().lowered.text
+    assert "algorithm = DEFAULT" in execution.last_program().lowered.text
 
 
 def test_restoring_the_rng_state_repeats_the_draws_within_one_program(engine):
@@ -94,7 +96,7 @@ def test_restoring_the_rng_state_repeats_the_draws_within_one_program(engine):
     assert torch.equal(first.cpu(), again.cpu())
     assert not torch.equal(first.cpu(), third.cpu())
     assert torch.equal(forked.cpu(), after_fork.cpu())
-    assert _device.rng_state() == (11, 3)  # offsets 0 (twice), 1, 2 (undone by fork_rng), 2
+    assert devices.rng_state() == (11, 3)  # offsets 0 (twice), 1, 2 (undone by fork_rng), 2
 
 
 def test_two_draws_of_one_program_are_not_shifted_copies(engine):
@@ -114,8 +116,8 @@ def test_a_repeated_step_with_dropout_finds_its_program_and_draws_new_masks(engi
     """The per-op keys are inputs of the program, not constants in it or part of its key: a repeated step
     finds its traced program without building a graph, and still draws new masks."""
     built = []
-    real_build = _lazy._build_graph
-    monkeypatch.setattr(_lazy, "_build_graph", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    real_build = _materialize._build_graph
+    monkeypatch.setattr(_materialize, "_build_graph", lambda *a, **k: built.append(1) or real_build(*a, **k))
     torch.manual_seed(13)
     w = torch.ones(32, 32).to("pjrt").requires_grad_()
     masks = []

@@ -1,4 +1,4 @@
-"""The tracer's hot path (issue 16): compact op entries, no graph on a cache hit, exact keys, foreach ops.
+"""The tracer's hot path: compact op entries, no graph on a cache hit, exact keys, foreach ops.
 
 A repeated step must find its program without building a torch.fx graph and leave no reference
 cycles; keys must tell apart constants Python calls equal (1, 1.0, True, 0.0 and -0.0); foreach ops
@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch.optim.optimizer import _default_to_fused_or_foreach
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor, _lazy
+from pjrt_plugins.spmd import trace
+from pjrt_plugins.spmd.trace import _materialize, _state
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -65,11 +66,11 @@ def test_a_repeated_step_finds_its_program_without_building_a_graph(engine, monk
     _, _, step = _model_and_step()
     step()
     step()  # the first step creates the optimizer state: the second is the steady-state program
-    built = _counting(monkeypatch, _lazy, "_build_graph")
-    before = _executor.metrics()
+    built = _counting(monkeypatch, _materialize, "_build_graph")
+    before = xs.metrics()
     for _ in range(3):
         step()
-    after = _executor.metrics()
+    after = xs.metrics()
     assert built[0] == 0
     assert (after.compiles - before.compiles, after.cache_hits - before.cache_hits) == (0, 3)
 
@@ -144,9 +145,9 @@ def test_foreach_ops_are_one_recorded_op_and_match_torch(engine, case):
     pa = [t.to("pjrt") for t in a]
     xs.mark_sharding(pa[0], mesh, (0, 1))
     pb = [t.to("pjrt") for t in b]
-    _lazy.sync()
+    xs.sync()
     out = fn(pa, pb)
-    ops = _lazy.pending_ops()
+    ops = trace.pending_ops()
     for i, (o, r) in enumerate(zip(out, fn(a, b))):
         assert_close(f"{case}[{i}]", o.cpu(), r, rtol=1e-6, atol=1e-6)
     assert ops == (2 if case == "mul.Tensor" else 1)  # mul.Tensor also records its 0-d operand (a select)
@@ -155,11 +156,11 @@ def test_foreach_ops_are_one_recorded_op_and_match_torch(engine, case):
 def test_inplace_foreach_ops_update_every_tensor(engine):
     a, b = _lists(4)
     pa, pb = [t.to("pjrt") for t in a], [t.to("pjrt") for t in b]
-    _lazy.sync()
+    xs.sync()
     torch._foreach_mul_(pa, 0.9)
     torch._foreach_addcdiv_(pa, pb, pb, [0.5, -0.25, 0.125])
     torch._foreach_lerp_(pa, pb, 0.3)
-    assert _lazy.pending_ops() == 3
+    assert trace.pending_ops() == 3
     torch._foreach_mul_(a, 0.9)
     torch._foreach_addcdiv_(a, b, b, [0.5, -0.25, 0.125])
     torch._foreach_lerp_(a, b, 0.3)
@@ -188,9 +189,9 @@ def test_lerp_addcmul_addcdiv_are_one_op_each_with_torchs_results(engine, weight
     w = torch.rand(5, 7, generator=g) if weight == "tensor" else weight
     px, py, pz = x.to("pjrt"), y.to("pjrt"), z.to("pjrt")
     pw = w.to("pjrt") if weight == "tensor" else w
-    _lazy.sync()
+    xs.sync()
     results = [torch.lerp(px, py, pw), torch.addcmul(px, py, pz, value=-0.37), torch.addcdiv(px, py, pz.abs() + 1)]
-    assert _lazy.pending_ops() == 5  # lerp, addcmul, abs, add, addcdiv
+    assert trace.pending_ops() == 5  # lerp, addcmul, abs, add, addcdiv
     refs = [torch.lerp(x, y, w), torch.addcmul(x, y, z, value=-0.37), torch.addcdiv(x, y, z.abs() + 1)]
     for name, o, r in zip(("lerp", "addcmul", "addcdiv"), results, refs):
         assert_close(name, o.cpu(), r, rtol=1e-6, atol=1e-6)
@@ -212,13 +213,13 @@ def test_keys_tell_apart_constants_python_calls_equal(engine):
 
 
 def test_the_prefix_tree_starts_over_when_it_grows_too_large(engine, monkeypatch):
-    monkeypatch.setattr(_lazy, "_MAX_STEPS", 3)
+    monkeypatch.setattr(_state, "MAX_STEPS", 3)
     x = torch.randn(4, 4)
     t = x.to("pjrt")
     roots = set()
     for scale in (1, 2, 3, 1):  # other constants: new branches of the tree every round
         assert_close("after a restart", ((t + scale) * scale).relu().cpu(), ((x + scale) * scale).relu())
-        roots.add(id(_lazy._root))
+        roots.add(id(trace.ENGINE.root))
     assert len(roots) > 1
 
 
@@ -250,16 +251,16 @@ def test_decomposed_ops_are_recorded_whole_and_give_the_piecewise_results(engine
 
     def run() -> tuple[list[torch.Tensor], set[str]]:
         w = torch.linspace(0.5, 1.5, 8).to("pjrt").requires_grad_()
-        _lazy.sync()
+        xs.sync()
         outs = step(x.to("pjrt"), w)
-        recorded = {_lazy._ops_by_id[e[0]].name for e in _lazy._trace.entries if e[0] > 0}
+        recorded = {trace.ENGINE.ops_by_id[e[0]].name for e in trace.ENGINE.trace.entries if e[0] > 0}
         return [o.cpu() for o in outs], recorded
 
     decomposed = {"aten.native_layer_norm.default", "aten.gelu.default", "aten._softmax.default",
                   "aten.native_layer_norm_backward.default", "aten.gelu_backward.default",
                   "aten._softmax_backward_data.default"}
     whole, whole_ops = run()
-    for info in list(_lazy._op_infos.values()):  # the ops seen so far: piece by piece
+    for info in list(trace.ENGINE.op_infos.values()):  # the ops seen so far: piece by piece
         monkeypatch.setattr(info, "whole", False)
     pieces, piece_ops = run()
     monkeypatch.undo()

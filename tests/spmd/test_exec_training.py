@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _executor, _lazy
-from pjrt_plugins.spmd._data import TensorState
+
+from pjrt_plugins.spmd.transport import TensorState
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -77,10 +77,10 @@ def test_ten_repeated_steps_compile_exactly_once(engine):
     mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
     model = _mlp(1).to("pjrt")
     _shard_mlp(model, mesh)
-    _executor.clear_compile_cache()
-    _executor.reset_metrics()
+    xs.clear_compile_cache()
+    xs.reset_metrics()
     losses = _train(model, _batches(10), device="pjrt", mesh=mesh, sync=True)
-    m = _executor.metrics()
+    m = xs.metrics()
     assert m.compiles == 1, m.report()
     assert m.cache_hits == 9
     assert m.executions == 10
@@ -89,7 +89,7 @@ def test_ten_repeated_steps_compile_exactly_once(engine):
     assert m.bytes_uploaded > 0  # the batches
     values = [loss.item() for loss in losses]
     assert values[-1] < values[0]
-    assert "compiles:              1" in _executor.metrics_report()
+    assert "compiles:              1" in xs.metrics_report()
 
 
 def test_gradients_accumulate_over_two_backward_passes(engine):
@@ -114,7 +114,7 @@ def test_inplace_update_of_unmarked_parameters_keeps_their_layout(engine):
         with torch.no_grad():
             w.sub_(0.1 * (w @ g.to("pjrt")))
         w_ref -= 0.1 * (w_ref @ g)
-        _lazy.sync()
+        xs.sync()
     assert_close("w", w.cpu(), w_ref)
     assert w.sharding_spec == "{replicated}"
     assert_close("w @ x", (w @ x.to("pjrt")).cpu(), w_ref @ x)
@@ -129,8 +129,8 @@ def test_adam_with_a_learning_rate_schedule_matches_torch_and_stops_compiling(en
     _shard_mlp(model, mesh)
     opts = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (ref, model)]
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in opts]
-    _executor.clear_compile_cache()
-    _executor.reset_metrics()
+    xs.clear_compile_cache()
+    xs.reset_metrics()
     compiles = []
     for x, y in _batches(6):
         for m, opt, sched, dev in zip((ref, model), opts, scheds, (None, "pjrt")):
@@ -141,7 +141,7 @@ def test_adam_with_a_learning_rate_schedule_matches_torch_and_stops_compiling(en
             opt.zero_grad()
             sched.step()
         xs.sync()
-        compiles.append(_executor.metrics().compiles)
+        compiles.append(xs.metrics().compiles)
     assert compiles == [1, 2, 2, 2, 2, 2]
     for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
         assert_close(name, p.cpu(), r, rtol=1e-5, atol=1e-6)

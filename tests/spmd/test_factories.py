@@ -7,8 +7,8 @@ import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import UnsupportedOpError, VirtualDeviceError
-from pjrt_plugins.spmd._data import TensorState
-from pjrt_plugins.spmd.tensor import unwrap
+from pjrt_plugins.spmd.transport import TensorState
+from pjrt_plugins.spmd.frontend import unwrap
 
 # name -> factory taking a device; each is compared with the same call on the CPU.
 HOST_BUILT = {

@@ -1,4 +1,4 @@
-"""torch's fused optimizers (``fused=True``) on pjrt tensors (issue 16: one traced op for a whole parameter list).
+"""torch's fused optimizers (``fused=True``) on pjrt tensors: one traced op for a whole parameter list.
 
 Adam and AdamW record one ``pjrt::adam_step`` per step, SGD one ``pjrt::sgd_step``, and give the
 numbers of torch's own fused CPU kernels; a changing learning rate does not recompile. What is not
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import UnsupportedOpError
-from pjrt_plugins.spmd import _executor, _fallback, _lazy
-from pjrt_plugins.spmd.lowering._optim import ADAM_STEP, SGD_STEP
+from pjrt_plugins.spmd.frontend import _fallback, _fused_optim
+from pjrt_plugins.spmd.lowering import ADAM_STEP, SGD_STEP
 
 from _exec_support import assert_close, engine  # noqa: F401
 
@@ -28,10 +28,10 @@ aten = torch.ops.aten
 
 @pytest.fixture
 def fallback(engine):
-    _lazy.set_cpu_fallback(True)
+    xs.set_cpu_fallback(True)
     _fallback._warned.clear()
     yield engine
-    _lazy.set_cpu_fallback(True)
+    xs.set_cpu_fallback(True)
 
 
 def _pair(seed: int = 0) -> tuple[nn.Module, nn.Module, tuple, tuple]:
@@ -79,20 +79,20 @@ def _assert_same_state(ref, model, opts) -> None:
 ])
 def test_fused_adam_matches_torchs_fused_cpu_kernel(engine, optimizer, options):
     ref, model, batch, pjrt_batch = _pair()
-    fallbacks = _executor.metrics().fallbacks
+    fallbacks = xs.metrics().fallbacks
     opts = _train(ref, model, (batch, pjrt_batch), lambda ps: optimizer(ps, lr=0.01, fused=True, **options), 4)
     _assert_same_state(ref, model, opts)
-    assert _executor.metrics().fallbacks == fallbacks
+    assert xs.metrics().fallbacks == fallbacks
 
 
 def test_a_fused_step_is_one_recorded_op_and_a_new_learning_rate_reuses_the_program(engine, monkeypatch):
     ref, model, batch, pjrt_batch = _pair(1)
     calls = []
-    real = _lazy.record_into
-    monkeypatch.setattr(_lazy, "record_into", lambda func, *a: calls.append(func) or real(func, *a))
+    real = _fused_optim.record_into
+    monkeypatch.setattr(_fused_optim, "record_into", lambda func, *a: calls.append(func) or real(func, *a))
     opts = _train(ref, model, (batch, pjrt_batch), lambda ps: torch.optim.AdamW(ps, lr=0.01, fused=True), 2)
     assert calls == [ADAM_STEP, ADAM_STEP]  # one op per step for the whole parameter list
-    compiles = _executor.metrics().compiles
+    compiles = xs.metrics().compiles
     for i in range(3):  # a learning-rate schedule: a run-time scalar, not a constant of the program
         for opt in opts:
             opt.param_groups[0]["lr"] = 0.01 / (i + 2)
@@ -101,7 +101,7 @@ def test_a_fused_step_is_one_recorded_op_and_a_new_learning_rate_reuses_the_prog
             opt.step()
             opt.zero_grad()
         xs.sync()
-    assert _executor.metrics().compiles == compiles
+    assert xs.metrics().compiles == compiles
     _assert_same_state(ref, model, opts)
 
 
@@ -123,7 +123,7 @@ def _adam_lists(device: str, seed: int = 3) -> list[list[torch.Tensor]]:
 
 def test_a_grad_scaler_step_runs_through_the_fallback_with_torchs_numbers(fallback):
     cpu, pjrt = _adam_lists("cpu"), _adam_lists("pjrt")
-    fallbacks = _executor.metrics().fallbacks
+    fallbacks = xs.metrics().fallbacks
     for lists, device in ((cpu, "cpu"), (pjrt, "pjrt")):
         torch._fused_adamw_(*lists, lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.01, eps=1e-8, amsgrad=False,
                             maximize=False, grad_scale=torch.tensor(4.0, device=device),
@@ -131,7 +131,7 @@ def test_a_grad_scaler_step_runs_through_the_fallback_with_torchs_numbers(fallba
     for mine, theirs in zip(pjrt, cpu):
         for a, b in zip(mine, theirs):
             assert_close("state", a.cpu(), b, rtol=1e-6, atol=1e-7)
-    assert _executor.metrics().fallbacks > fallbacks
+    assert xs.metrics().fallbacks > fallbacks
 
 
 def test_without_the_fallback_unlowered_fused_steps_are_refused_clearly(fallback):
@@ -170,11 +170,11 @@ def test_fused_adagrad_runs_through_the_fallback(fallback):
 def test_fused_sgd_is_one_op_with_torchs_numbers(engine, monkeypatch, options):
     ref, model, batch, pjrt_batch = _pair(5)
     calls = []
-    real = _lazy.record_into
-    monkeypatch.setattr(_lazy, "record_into", lambda func, *a: calls.append(func) or real(func, *a))
-    fallbacks = _executor.metrics().fallbacks
+    real = _fused_optim.record_into
+    monkeypatch.setattr(_fused_optim, "record_into", lambda func, *a: calls.append(func) or real(func, *a))
+    fallbacks = xs.metrics().fallbacks
     opts = _train(ref, model, (batch, pjrt_batch), lambda ps: torch.optim.SGD(ps, lr=0.05, fused=True, **options), 3,
                   schedule=lambda i: 0.05 / (i + 1))
     _assert_same_state(ref, model, opts)
     assert calls == [SGD_STEP] * 3
-    assert _executor.metrics().fallbacks == fallbacks
+    assert xs.metrics().fallbacks == fallbacks

@@ -147,7 +147,7 @@ def matmul_precision():
 def test_products_follow_torchs_float32_matmul_precision(engine, matmul_precision):
     # torch's default ("highest") computes float32 products in float32; XLA's DEFAULT lets a GPU
     # use TF32 (seen on an H100: 1e-4 off torch). The setting is part of the program key.
-    from pjrt_plugins.spmd import _executor
+    from pjrt_plugins.spmd import execution
     from pjrt_plugins.spmd.lowering import LoweringOptions
 
     a, w = torch.randn(4, 8), torch.randn(2, 3, 3, 3)
@@ -156,10 +156,10 @@ def test_products_follow_torchs_float32_matmul_precision(engine, matmul_precisio
     for setting, level in [("highest", "HIGHEST"), ("high", "HIGH"), ("medium", "DEFAULT")]:
         matmul_precision(setting)
         product = (a.to("pjrt") @ a.to("pjrt").T).cpu()
-        text = _executor.last_program().lowered.text
+        text = execution.last_program().lowered.text
         assert text.count(f"precision = [{level}, {level}]") == 1, text
         conv = torch.nn.functional.conv2d(image.to("pjrt"), w.to("pjrt")).cpu()
-        conv_text = _executor.last_program().lowered.text
+        conv_text = execution.last_program().lowered.text
         assert f"precision_config = [#stablehlo<precision {level}>, #stablehlo<precision {level}>]" in conv_text
         seen[setting] = product
         torch.testing.assert_close(conv, torch.nn.functional.conv2d(image, w))

@@ -12,7 +12,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from pjrt_plugins.errors import LoweringError, UnsupportedOpError
-from pjrt_plugins.spmd import _executor
+from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd import devices
 from pjrt_plugins.spmd.lowering import (
     LoweringOptions,
     expand_graph,
@@ -83,7 +84,7 @@ def test_target_version_is_the_older_of_plugin_and_jaxlib():
 
 
 def test_cpu_plugin_version_is_read_from_its_attributes(engine):
-    options = _executor.lowering_options(engine)
+    options = execution.lowering_options(engine)
     assert options.target_version == "1.13.3"
     assert options.num_partitions == 8
 
@@ -113,7 +114,7 @@ def test_inplace_calls_become_functional_and_rebind_their_target(engine):
     gm = fx.experimental.proxy_tensor.make_fx(fn)(torch.randn(8, 4), torch.randn(8, 4))
     assert any(n.target is aten.add_.Tensor for n in gm.graph.nodes)
     x, y = torch.randn(8, 4), torch.randn(8, 4)
-    outs, _ = _executor.run_graph(gm, [x, y], [spec(0, None), spec(0, None)])
+    outs, _ = execution.run_graph(gm, [x, y], [spec(0, None), spec(0, None)])
     assert_close("inplace", outs[0], fn(x.clone(), y))
 
 
@@ -165,7 +166,7 @@ def test_supported_op_list_covers_the_issue():
         assert name in ops, name
 
 
-# -- seed 001's device cases: the gather factor and the RNG algorithm -------------------------------
+# -- the plugins' device cases: the gather factor and the RNG algorithm -----------------------------
 
 
 def test_gather_is_sparse_for_factor_zero_and_dense_within_factor_times_ten():
@@ -201,7 +202,7 @@ def test_random_ops_use_the_plugins_rng_algorithm(engine):
     results = {}
     for name, mlir_name in [("three_fry", "THREE_FRY"), ("philox", "PHILOX"), ("default", "DEFAULT")]:
         with overriding(engine.plugin, RngAlgorithm(name)):
-            _executor.manual_seed(7)
+            devices.set_seed(7)
             outs, program = run(fn, [x], [spec(0, 1)])
         assert f"algorithm = {mlir_name}" in program.lowered.text
         assert program.uses_rng

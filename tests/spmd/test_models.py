@@ -1,4 +1,4 @@
-"""Real models trained on the pjrt device, compared with CPU eager torch step by step (issue 12).
+"""Real models trained on the pjrt device, compared with CPU eager torch step by step.
 
 A GPT with tied embeddings (batch sharded on ``data``, Megatron-sharded MLP, AdamW); a CNN with
 convolutions, batch norm and pooling (SGD); TransformerEncoderLayer in eval mode; activation

@@ -68,7 +68,7 @@ ALL_CASES = [key for keys in CASES.values() for key in keys]
 
 #: (case, phase) -> why it does not pass yet. Strict: a fix makes the test fail until the entry goes.
 KNOWN_FAILURES: dict[tuple[str, str], str] = {}
-#: Cases whose passes need the CPU fallback today: a lowering is missing (issue 12 item 5).
+#: Cases whose passes need the CPU fallback today: a lowering is missing.
 NEEDS_FALLBACK = {
     "norm.nuc": "linalg.svd",
     "complex": "complex dtypes (no lowering computes them)",

@@ -7,7 +7,7 @@ import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import SpmdDisabledError
-from pjrt_plugins.spmd import _device
+from pjrt_plugins.spmd import devices
 
 pytestmark = pytest.mark.usefixtures("fresh_device_state")
 
@@ -67,4 +67,4 @@ def test_default_plugin_is_used_when_none_is_chosen(monkeypatch):
     assert vd.device_assignment == list(range(8))
     assert xs.virtual_device() is vd  # one shared client per process
     assert "plugin='cpu'" in repr(vd)
-    assert _device.peek_virtual_device() is vd
+    assert devices.peek_virtual_device() is vd

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import _transfer
-from pjrt_plugins.spmd.tensor import unwrap
+from pjrt_plugins.spmd import transport
+from pjrt_plugins.spmd.transport import _transfer
+from pjrt_plugins.spmd.frontend import unwrap
 
 
 def _padded_bytes(t: torch.Tensor, spec: xs.ShardingSpec) -> int:
@@ -106,23 +107,23 @@ def test_replicated_upload_sends_everything_everywhere(any_device):
 
 
 def test_unmarked_tensor_used_in_a_computation_is_uploaded_replicated(any_device):
-    # The execution engine calls _transfer.upload(data, data.annotation) for each graph input.
+    # The execution engine calls transport.upload(data, data.annotation) for each graph input.
     n = any_device.num_devices
     t = torch.randn(4, 4)
     p = t.to("pjrt")
     data = unwrap(p)
     assert data.state is xs_state("HOST")
-    _transfer.upload(data, data.annotation)
+    transport.upload(data, data.annotation)
     assert data.state is xs_state("DEVICE") and data.sharding == xs.ShardingSpec.replicated()
     assert xs.transfer_counters().uploaded == {d: t.nbytes for d in range(n)}
     assert p.sharding_spec == ""  # nothing was declared
-    _transfer.upload(data, None)  # already there: no second transfer
+    transport.upload(data, None)  # already there: no second transfer
     assert xs.transfer_counters().uploads == n
     assert torch.equal(p.cpu(), t)
 
 
 def xs_state(name: str):
-    from pjrt_plugins.spmd._data import TensorState
+    from pjrt_plugins.spmd.transport import TensorState
 
     return TensorState[name]
 

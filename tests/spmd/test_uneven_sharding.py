@@ -1,4 +1,4 @@
-"""Unevenly tiled tensors (5 rows over 2 or 8 devices): identity programs run, and scatters never abort (issue 12 items 2, 3)."""
+"""Unevenly tiled tensors (5 rows over 2 or 8 devices): identity programs run, and scatters never abort."""
 
 from __future__ import annotations
 

@@ -2,27 +2,43 @@
 
 Importing this registers the torch device ``pjrt`` (the virtual device standing for
 all devices of the active plugin); no plugin is opened until data moves.
+
+The package is built in layers, each importing only those below it (docs/architecture.md):
+``sharding`` (pure data model) < ``device`` (virtual device, RNG, counters) < ``transport``
+(tensor data, upload/gather) < ``lowering`` (StableHLO) < ``execution`` (compile cache, run)
+< ``trace`` (record, materialize) < ``frontend`` (torch). This module is the public API.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
-from . import _device
-from ._device import TORCH_DEVICE, VirtualDevice, is_spmd
-from ._sharding import Shard, ShardingSpec, ShardingType, parse_sharding, parse_tuple_sharding
-from ._transfer import TransferCounters, reset_transfer_counters, transfer_counters
-from .mesh import Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
-from .tensor import XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
+from . import devices as _devices
+from .devices import (
+    Metrics,
+    TransferCounters,
+    VirtualDevice,
+    get_1d_mesh,
+    get_global_mesh,
+    is_spmd,
+    metrics,
+    metrics_report,
+    reset_metrics,
+    reset_transfer_counters,
+    set_global_mesh,
+    transfer_counters,
+)
+from .frontend import TORCH_DEVICE, XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
+from .frontend import engine as _engine
+from .sharding import Mesh, Shard, ShardingSpec, ShardingType, parse_sharding, parse_tuple_sharding
 
-if TYPE_CHECKING:  # served lazily by __getattr__ below (importing the engine loads jaxlib's MLIR)
-    from ._disk_cache import set_cache_dir
-    from ._executor import Metrics, clear_compile_cache, metrics, metrics_report, reset_metrics
-    from ._lazy import set_cpu_fallback, sync
+if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
+    from .execution import clear_compile_cache, set_cache_dir
+    from .frontend._fallback import set_cpu_fallback
+    from .trace import sync
 
 __all__ = [
     "Mesh",
@@ -82,7 +98,7 @@ def use_spmd(auto: bool = False) -> None:
     """
     if auto:
         raise NotImplementedError("automatic sharding (use_spmd(auto=True)) is not supported; mark tensors instead")
-    _device.set_spmd(True)
+    _devices.set_spmd(True)
 
 
 def set_plugin(plugin: Any = None, *, options: dict[str, Any] | None = None) -> None:
@@ -98,36 +114,26 @@ def set_plugin(plugin: Any = None, *, options: dict[str, Any] | None = None) -> 
         xs.set_plugin("cpu", options={"cpu_device_count": 8})
         xs.virtual_device().num_devices   # 8
     """
-    _device.set_plugin(plugin, options)
+    _devices.set_plugin(plugin, options)
 
 
 def virtual_device() -> VirtualDevice:
     """The plugin, shared client and devices behind ``pjrt:0`` (creates the client on first call)."""
-    return _device.virtual_device()
+    return _devices.virtual_device()
 
 
-#: Names served by the execution engine's modules (name -> module), imported on first use so that
-#: ``import pjrt_plugins.spmd`` stays light: the engine loads jaxlib's MLIR bindings.
-_ENGINE_EXPORTS = {
-    "sync": "._lazy",
-    "set_cpu_fallback": "._lazy",
-    "metrics": "._executor",
-    "metrics_report": "._executor",
-    "reset_metrics": "._executor",
-    "Metrics": "._executor",
-    "set_cache_dir": "._disk_cache",
-    "clear_compile_cache": "._executor",
-}
+#: Names the engine serves (through ``frontend._seam``, on first use, so that ``import pjrt_plugins.spmd``
+#: stays light: the engine loads jaxlib's MLIR bindings).
+_ENGINE_EXPORTS = frozenset({"sync", "set_cpu_fallback", "set_cache_dir", "clear_compile_cache"})
 
 
 def __getattr__(name: str) -> Any:
-    module = _ENGINE_EXPORTS.get(name)
-    if module is None:
+    if name not in _ENGINE_EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(_engine(), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ENGINE_EXPORTS))
+    return sorted(set(globals()) | _ENGINE_EXPORTS)

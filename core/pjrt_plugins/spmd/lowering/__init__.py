@@ -30,9 +30,12 @@ from . import _region  # noqa: F401  (a torch.compile graph, one op per call)
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
+from ._optim import ADAM_STEP, SGD_STEP, adam_step_outputs, sgd_step_outputs
+from ._region import REGION, region, register_region
 from ._module import (
     RNG_KEY_DTYPE,
     LoweredModule,
+    fetch_attr,
     lower_graph,
     lowered_decomposition_outputs,
     sharding_string,
@@ -52,16 +55,21 @@ def supported_ops() -> list[str]:
 
 
 __all__ = [
+    "ADAM_STEP",
+    "SGD_STEP",
     "COMPLEX_LOWERINGS",
     "LOWERINGS",
     "META_RULES",
     "RANDOM_OPS",
+    "REGION",
     "RNG_KEY_DTYPE",
     "ScalarSlot",
+    "adam_step_outputs",
     "LoweredModule",
     "LoweringOptions",
     "decomposition_for",
     "expand_graph",
+    "fetch_attr",
     "foreach_plan",
     "functional_variant",
     "has_lowering",
@@ -72,6 +80,9 @@ __all__ = [
     "lowered_decomposition_outputs",
     "op_name",
     "refuse_generator",
+    "region",
+    "register_region",
+    "sgd_step_outputs",
     "sharding_string",
     "supported_ops",
     "target_version",

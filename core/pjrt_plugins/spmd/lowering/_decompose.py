@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._decomp import core_aten_decompositions, decomposition_table
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils import _pytree as pytree
 
@@ -31,8 +33,6 @@ _MAX_DEPTH = 16
 
 @functools.cache
 def _core_table() -> dict[Any, Any]:
-    from torch._decomp import core_aten_decompositions
-
     return dict(core_aten_decompositions())
 
 
@@ -45,8 +45,6 @@ def _expansion_table() -> dict[Any, Any]:
 
 @functools.cache
 def _full_table() -> dict[Any, Any]:
-    from torch._decomp import decomposition_table
-
     return dict(decomposition_table)
 
 
@@ -157,8 +155,6 @@ def _plain_containers(value: Any) -> Any:
 
 def trace_decomposition(op: Any, decomp: Any, args: tuple, kwargs: dict) -> fx.GraphModule:
     """The graph of ``decomp(*args, **kwargs)`` over meta tensors (one placeholder per tensor leaf)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     # A node's list arguments are fx's immutable lists; a decomposition may write into its list
     # arguments (``_unsafe_masked_index`` clamps ``indices`` in place), as it may into a call's own.
     flat, spec = pytree.tree_flatten(_plain_containers((args, kwargs)))

@@ -1,6 +1,6 @@
 """Lowerings of gathers and scatters: index_select, embedding, index, gather, index_put, scatter(_add).
 
-Gathers along one dimension follow the active plugin's dense-gather factor (seed 001):
+Gathers along one dimension follow the active plugin's dense-gather factor (its ``dense_gather_factor()`` hook):
 dense one-hot/matmul form unless the gathered dimension exceeds ``factor * 10``, sparse
 ``stablehlo.gather`` otherwise (factor 0 = always sparse). The accumulating scatter that
 autograd emits for an embedding's backward follows the same rule.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 
+import numpy as np
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs import _jax_mlir_ext
@@ -107,8 +108,6 @@ def dense_attr(tensor: torch.Tensor) -> ir.DenseElementsAttr:
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
         arr = t.numpy()
-        import numpy as np
-
         return ir.DenseElementsAttr.get(np.packbits(arr.reshape(-1), bitorder="little"), type=element_type(torch.bool),
                                         shape=list(tensor.shape))
     if t.dtype == torch.bfloat16:

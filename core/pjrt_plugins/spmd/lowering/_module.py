@@ -20,7 +20,7 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
-from .._sharding import ShardingSpec
+from ..sharding import ShardingSpec
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
@@ -262,7 +262,7 @@ def lower_subgraph(em: Emitter, graph: fx.Graph, inputs: list[TensorValue],
 
 def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dict[str, int], partitioned: bool) -> Any:
     if node.op == "get_attr":
-        value = _fetch_attr(node)
+        value = fetch_attr(node)
         if not isinstance(value, torch.Tensor):
             raise LoweringError(f"graph attribute {node.target!r} is not a tensor")
         c = hlo.constant(dense_attr(value.detach().cpu()))
@@ -324,7 +324,8 @@ def _check_result(name: str, node: fx.Node, out: Any, result: Any) -> None:
                                     f"torch says {o.dtype}{list(o.shape)}")
 
 
-def _fetch_attr(node: fx.Node) -> Any:
+def fetch_attr(node: fx.Node) -> Any:
+    """The value a ``get_attr`` node names, read from the graph's owning module."""
     owner = node.graph.owning_module
     if owner is None:
         raise LoweringError(f"graph attribute {node.target!r} has no owning module to read it from")

@@ -1,7 +1,7 @@
 """Lowerings of random ops (rand, randn, randint, random_, bernoulli, dropout, uniform, normal).
 
 Every random op draws bits from ``stablehlo.rng_bit_generator`` with the active plugin's
-``rng_default()`` algorithm (seed 001), from its own row of the module's RNG keys (drawn
+``rng_default()`` algorithm, from its own row of the module's RNG keys (drawn
 from the device RNG state when the op was recorded; see ``Emitter.random_bits``). Torch's
 ``generator=`` argument is refused before a lowering runs (``refuse_generator``).
 """

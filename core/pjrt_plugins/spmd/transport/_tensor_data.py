@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..runtime import aligned_empty
-from ._sharding import ShardingSpec
+from ...runtime import aligned_empty
+from ..sharding import ShardingSpec
 
 logger = logging.getLogger(__name__)
 

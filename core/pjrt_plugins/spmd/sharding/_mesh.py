@@ -1,26 +1,22 @@
-"""Logical device meshes (PyTorch/XLA's ``Mesh``) and the process-wide global mesh.
+"""Logical device meshes (PyTorch/XLA's ``Mesh``): device ids arranged row-major, with optional axis names.
 
-A mesh only arranges device ids; it never opens a plugin (except :func:`get_1d_mesh`,
-which asks the virtual device how many devices it has).
+A mesh only arranges device ids: it never opens a plugin or keeps process state.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import ShardingError
-from ._sharding import PartitionSpec, ShardingSpec, _as_int, normalize_partition_spec
+from ...errors import ShardingError
+from ._hlo_sharding import ShardingSpec
+from ._partition_spec import PartitionSpec, as_int, normalize_partition_spec
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["Mesh", "get_1d_mesh", "get_global_mesh", "set_global_mesh"]
+__all__ = ["Mesh"]
 
 
 class Mesh:
@@ -54,7 +50,7 @@ class Mesh:
             raise ShardingError(f"mesh device ids must be integers, got {device_ids!r}")
         ids = tuple(int(d) for d in ids_array.reshape(-1))
         try:
-            shape = tuple(_as_int(s) for s in mesh_shape)
+            shape = tuple(as_int(s) for s in mesh_shape)
         except TypeError:
             raise ShardingError(f"mesh_shape must be a tuple of ints, got {mesh_shape!r}") from None
         if not shape or any(s < 1 for s in shape):
@@ -141,35 +137,3 @@ class Mesh:
     def __repr__(self) -> str:
         names = f", axis_names={self.axis_names}" if self.axis_names is not None else ""
         return f"Mesh(device_ids={self.device_ids.tolist()}, mesh_shape={self.mesh_shape}{names})"
-
-
-def get_1d_mesh(axis_name: str | None = None) -> Mesh:
-    """A 1-D mesh over every device of the virtual device (opens the active plugin's client).
-
-    Example (on a plugin with 8 devices)::
-
-        mesh = xs.get_1d_mesh("data")
-        mesh.mesh_shape   # (8,)
-    """
-    from ._device import virtual_device
-
-    count = virtual_device().num_devices
-    return Mesh(range(count), (count,), None if axis_name is None else (axis_name,))
-
-
-_global_mesh: Mesh | None = None
-_global_lock = threading.Lock()
-
-
-def set_global_mesh(mesh: Mesh | None) -> None:
-    """Remember ``mesh`` for code that asks :func:`get_global_mesh` (``None`` forgets it)."""
-    global _global_mesh
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise TypeError(f"set_global_mesh expects a Mesh, got {type(mesh).__name__}")
-    with _global_lock:
-        _global_mesh = mesh
-
-
-def get_global_mesh() -> Mesh | None:
-    """The mesh given to :func:`set_global_mesh`, or ``None``."""
-    return _global_mesh

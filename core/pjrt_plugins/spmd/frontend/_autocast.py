@@ -61,18 +61,22 @@ def _floats(value: Any, device_type: str) -> list[torch.Tensor]:
 
 
 def _kernel(op: Any, policy: str, device_type: str) -> Callable[..., Any]:
-    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        dtype: torch.dtype | None
         if policy == "lower":
             dtype = torch.get_autocast_dtype(device_type)
         elif policy == "float32":
             dtype = torch.float32
         else:
             found = _floats((args, tuple(kwargs.values())), device_type)
-            dtype = found[0].dtype if found else None
-            for t in found[1:]:
-                dtype = torch.promote_types(dtype, t.dtype)
+            dtype = None
+            if found:
+                widest = found[0].dtype
+                for t in found[1:]:
+                    widest = torch.promote_types(widest, t.dtype)
+                dtype = widest
         with torch._C._ExcludeDispatchKeyGuard(exclude):
             if dtype is not None:
                 args = _cast(args, dtype, device_type)

@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import CompileCacheWarning
-from ..runtime import CompileOptions
+from ...errors import CompileCacheWarning
+from ...runtime import CompileOptions
 
 logger = logging.getLogger(__name__)
 

@@ -1,31 +1,34 @@
-"""XLAShardedTensor: the torch.Tensor subclass on ``pjrt:0``, its shards, and mark_sharding / clear_sharding.
+"""XLAShardedTensor: the torch.Tensor subclass on ``pjrt:0``, its shards, and the operators of its data model.
 
 Handles only the data-model operators itself (aliases, copies to and from the
-CPU, filling deferred host data); every other operator goes to the execution
-engine (``pjrt_plugins.spmd._lazy.dispatch``). Never computes on the devices.
+CPU, filling deferred host data); every other operator goes to the engine
+(``_engine.dispatch``, reached through ``_seam``). Never computes on the devices.
 """
 
 from __future__ import annotations
 
 import copy as _copy
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import EllipsisType
 from typing import Any
 
 import torch
+from torch.optim import optimizer as torch_optimizer
+from torch.utils import _foreach_utils
 
-from ..errors import ShardingConflictError, ShardingError, SpmdDisabledError, UnsupportedOpError, VirtualDeviceError
-from . import _device, _transfer
-from ._data import TensorData, TensorState, host_empty
-from ._sharding import PartitionSpec, ShardingSpec, ShardingType
-from .mesh import Mesh
+from ...errors import VirtualDeviceError
+from ..devices import virtual_device
+from ..sharding import Mesh, ShardingSpec, ShardingType
+from ..transport import TensorData, TensorState, download_shard, gather, host_empty, upload
+from . import _seam
+from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
+from ._tracing_tensors import inner_of, is_tracing, outer_of, trace_dispatch, tracing_tensors_alive
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["XLAShard", "XLAShardedTensor", "clear_sharding", "mark_sharding", "to_device", "unwrap", "wrap"]
+__all__ = ["XLAShard", "XLAShardedTensor", "copy_into", "materialize", "to_cpu", "unwrap", "wrap"]
 
 aten = torch.ops.aten
 
@@ -55,7 +58,6 @@ class XLAShard:
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_TORCH_DEVICE = _device.TORCH_DEVICE
 
 
 class XLAShardedTensor(torch.Tensor):
@@ -78,7 +80,7 @@ class XLAShardedTensor(torch.Tensor):
 
     _pjrt_data: TensorData
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @staticmethod
     def __new__(cls, elem: Any, *, requires_grad: bool = False) -> XLAShardedTensor:
@@ -140,23 +142,23 @@ class XLAShardedTensor(torch.Tensor):
         data = self._pjrt_data
         materialize([data])
         if data.state is TensorState.HOST:
-            _transfer.upload(data, data.annotation)
-        vd = _device.virtual_device()
+            upload(data, data.annotation)
+        vd = virtual_device()
         assert data.sharding is not None
         return [
-            XLAShard(_transfer.download_shard(data, s.device), s.indices, vd.device_name(s.device), s.replica_id)
+            XLAShard(download_shard(data, s.device), s.indices, vd.device_name(s.device), s.replica_id)
             for s in data.sharding.shards(data.shape, vd.device_ids)
         ]
 
     # -- behaving like a plain tensor --------------------------------------------------------
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         data = self._pjrt_data
         if data is None:
             return f"XLAShardedTensor(<traced by torch.compile>, size={tuple(self.shape)}, dtype={self.dtype})"
         text = repr(to_cpu(self))
         inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
-        extras = [f"device='{_device.TORCH_DEVICE}'"]
+        extras = [f"device='{TORCH_DEVICE}'"]
         if data.annotation is not None:
             extras.append(f"sharding='{data.annotation}'")
         if self.grad_fn is not None:
@@ -188,7 +190,7 @@ class XLAShardedTensor(torch.Tensor):
             return memo[id(self)]
         data = self._pjrt_data
         materialize([data])
-        new = TensorData.from_host(_transfer.gather(data), copy=False)
+        new = TensorData.from_host(gather(data), copy=False)
         new.annotation, new.mark = data.annotation, data.mark
         result = wrap(new, requires_grad=self.requires_grad)
         for key, value in self.__dict__.items():
@@ -202,39 +204,34 @@ class XLAShardedTensor(torch.Tensor):
         # shardings are not kept: mark again after loading). torch's own rebuild function,
         # so torch.load(weights_only=True) accepts it.
         rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor  # type: ignore[attr-defined]
-        return (rebuild, (to_cpu(self), self.dtype, str(_device.TORCH_DEVICE), self.requires_grad))
+        return (rebuild, (to_cpu(self), self.dtype, str(TORCH_DEVICE), self.requires_grad))
 
     # -- torch's wrapper-subclass protocol ------------------------------------------------------
     # With it, Module.to / _apply moves a Parameter by swapping its contents in place
     # (torch.utils.swap_tensors) instead of making a new Parameter per module, so parameters
     # tied across modules (a GPT's embedding and LM head) stay one Parameter, as on CUDA.
-    # torch.compile traces the inner tensor: a meta tensor linked to this one (see _compile).
+    # torch.compile traces the inner tensor: a meta tensor linked to this one (see _tracing_tensors).
 
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         return ["_pjrt_inner"], None
 
     @property
     def _pjrt_inner(self) -> torch.Tensor:
-        from . import _compile
-
-        return _compile.inner_of(self)
+        return inner_of(self)
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, meta: Any, outer_size: Any, outer_stride: Any) -> XLAShardedTensor:
-        from . import _compile
-
-        return _compile.outer_of(inner["_pjrt_inner"], outer_size, outer_stride)
+        return outer_of(XLAShardedTensor, inner["_pjrt_inner"], outer_size, outer_stride)  # type: ignore[no-any-return]
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         try:
             if kwargs is None:
                 kwargs = {}
-            if tracing_tensors_alive:  # torch.compile is (or was) tracing: its tensors take their own path
-                from . import _compile
-
-                if _compile.is_tracing(args, kwargs):
-                    return _compile.trace_dispatch(func, args, kwargs)
+            if tracing_tensors_alive and is_tracing(args, kwargs):  # torch.compile's tracing tensors
+                return trace_dispatch(cls, func, args, kwargs)
             handler = _HANDLERS_BY_ID.get(id(func))  # by id: an OpOverload's __hash__ is Python code
             if handler is not None:
                 result = handler(func, args, kwargs)
@@ -248,11 +245,6 @@ class XLAShardedTensor(torch.Tensor):
                 error.add_note(f"(raised by {func} in autograd's backward pass on the pjrt device)")
                 error._pjrt_op_noted = True  # type: ignore[attr-defined]
             return _ErrorForAutograd(error)
-
-
-#: One entry per tensor torch.compile is tracing that is alive (``_compile``): while any, each op checks its
-#: arguments for them.
-tracing_tensors_alive: list[None] = []
 
 
 class _ErrorForAutograd:
@@ -290,12 +282,9 @@ def _join_foreach_types() -> None:
     torch checks the exact type (``type(p) in _foreach_supported_types``); on the foreach path an
     optimizer step is a handful of ops per parameter *list*, each recorded as one op.
     """
-    from torch.optim import optimizer
-    from torch.utils import _foreach_utils
-
-    for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+    for types in (torch_optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
         if XLAShardedTensor not in types:
-            types.append(XLAShardedTensor)
+            types.append(XLAShardedTensor)  # type: ignore[arg-type]
 
 
 _join_foreach_types()
@@ -310,7 +299,7 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
     Every traced op makes one. No strides given: torch makes the contiguous ones (in C, cheaper than passing
     them), which is what a pjrt tensor reports.
     """
-    r = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=_TORCH_DEVICE,
+    r: Any = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
                       requires_grad=requires_grad)
     r._pjrt_data = data
     return r
@@ -327,7 +316,7 @@ def unwrap(tensor: torch.Tensor) -> TensorData:
         return data
     device = getattr(tensor, "device", None)
     raise VirtualDeviceError(
-        f"expected a tensor on the virtual device {_device.TORCH_DEVICE}, got "
+        f"expected a tensor on the virtual device {TORCH_DEVICE}, got "
         f"{type(tensor).__name__} on {device}; move it with .to('pjrt') or xs.to_device(...)"
     )
 
@@ -338,19 +327,15 @@ def unwrap(tensor: torch.Tensor) -> TensorData:
 def materialize(datas: Sequence[TensorData]) -> None:
     """Turn LAZY ``datas`` into DEVICE state through the execution engine (no-op for the others)."""
     pending = [d for d in datas if d.state is TensorState.LAZY]
-    if not pending:
-        return
-    engine = _device._lazy_module()
-    if engine is None:  # pragma: no cover - lazy values exist only when the engine does
-        raise VirtualDeviceError("a pending graph value exists but the execution engine is missing")
-    engine.materialize(pending)
+    if pending:  # pending values exist only once the engine does
+        _seam.engine().materialize(pending)
 
 
 def to_cpu(tensor: XLAShardedTensor) -> torch.Tensor:
     """The global value of a pjrt tensor as a new CPU tensor (runs pending work, gathers shards)."""
     data = unwrap(tensor)
     materialize([data])
-    return _transfer.gather(data)
+    return gather(data)
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
@@ -360,6 +345,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         sdata = src._pjrt_data
         if sdata.state is not TensorState.HOST:
             return _route_to_engine(aten.copy_.default, (type(dst),), (dst, src), {})
+        assert sdata.host is not None
         src = sdata.host
     if src.device.type != "cpu":
         raise VirtualDeviceError(f"copy into a pjrt tensor from {src.device}: copy to the CPU first")
@@ -373,7 +359,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 def _contents_changed(data: TensorData) -> None:
     """``data`` was written on the host: its live views see the write (the engine derives them again)."""
     if data.views:
-        engine = _device._lazy_module()
+        engine = _seam.loaded_engine()
         if engine is not None:
             engine.refresh_views(data)
 
@@ -404,9 +390,7 @@ def _alias(func: Any, args: tuple, kwargs: dict) -> Any:
 @_handles(aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_adamw_.default,
           aten._fused_adamw_.tensor_lr, aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
 def _fused_optimizer_step(func: Any, args: tuple, kwargs: dict) -> Any:
-    from . import _optim  # the engine's side (imports the lowering)
-
-    return _optim.fused_step(func, args, kwargs)
+    return _seam.engine().fused_step(func, args, kwargs)
 
 
 @_handles(aten.lift_fresh.default)
@@ -426,9 +410,9 @@ def _to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         return out.to(dtype=dtype, memory_format=memory_format)
     if device is not None and torch.device(device).type == "meta":
         return torch.empty(data.shape, dtype=dtype, device="meta")
-    if device is not None and torch.device(device).type != _device.DEVICE_TYPE:
+    if device is not None and torch.device(device).type != DEVICE_TYPE:
         raise VirtualDeviceError(f"cannot copy a pjrt tensor to {device} directly; go through .cpu()")
-    _device.check_torch_device(device)
+    check_torch_device(device)
     if data.state is TensorState.HOST:
         assert data.host is not None
         converted = data.host.to(dtype)
@@ -456,10 +440,10 @@ def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
         return NotImplemented  # a view: the engine writes through to its base
     rest = list(args[1:])
     if rest and isinstance(rest[0], XLAShardedTensor):
-        value = rest[0]._pjrt_data
-        if value.state is not TensorState.HOST:
+        source = rest[0]._pjrt_data
+        if source.state is not TensorState.HOST:
             return NotImplemented
-        rest[0] = value.host
+        rest[0] = source.host
     assert data.host is not None
     getattr(data.host, func.overloadpacket.__name__)(*rest, **kwargs)
     data.set_host(data.host, copy=False)  # new contents: a new version, no longer uninitialized
@@ -485,9 +469,9 @@ def _empty_like(func: Any, args: tuple, kwargs: dict) -> Any:
     shape = base.shape if func is aten.empty_like.default else tuple(args[1])
     dtype = kwargs.get("dtype") or base.dtype
     device = kwargs.get("device")
-    if device is not None and torch.device(device).type != _device.DEVICE_TYPE:
+    if device is not None and torch.device(device).type != DEVICE_TYPE:
         return torch.empty(shape, dtype=dtype, device=device)
-    _device.check_torch_device(device)
+    check_torch_device(device)
     return wrap(TensorData.empty(shape, dtype))
 
 
@@ -502,128 +486,4 @@ def _is_pinned(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _route_to_engine(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
-    engine = _device._lazy_module()
-    if engine is None:
-        raise UnsupportedOpError(
-            str(func),
-            f"operator {func} is not supported on the pjrt device yet: running torch operators there needs "
-            "the execution engine (pjrt_plugins.spmd._lazy), which this build does not have. "
-            "Move the tensors to the CPU with .cpu() to compute on them.",
-        )
-    return engine.dispatch(func, types, args, kwargs)
-
-
-# -- annotation --------------------------------------------------------------------------------
-
-def _as_mesh(mesh: Mesh | Sequence[int]) -> Mesh:
-    if isinstance(mesh, Mesh):
-        return mesh
-    if isinstance(mesh, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in mesh):
-        return Mesh(range(math.prod(mesh)), tuple(mesh))  # the RFC's form: a mesh shape, ids in ordinal order
-    raise TypeError(f"mark_sharding expects a Mesh or a mesh shape (tuple of ints), got {mesh!r}")
-
-
-def _plugin_label(vd: _device.VirtualDevice) -> str:
-    return f"plugin {getattr(vd.plugin, 'name', None) or type(vd.plugin).__name__!r}"
-
-
-def mark_sharding(
-    t: torch.Tensor,
-    mesh: Mesh | Sequence[int],
-    partition_spec: PartitionSpec,
-    use_dynamo_custom_op: bool = False,
-) -> XLAShardedTensor:
-    """Declare how ``t`` is split over ``mesh`` and upload each device's shard (and nothing more).
-
-    ``t`` must be on ``pjrt`` (``t.to("pjrt")``); it is annotated in place and
-    returned. ``mesh`` is a :class:`Mesh` or, as in the RFC, a mesh shape over
-    all devices. ``partition_spec`` has one entry per dimension of ``t``: a mesh
-    axis index, an axis name, a tuple of those (merged, in order) or ``None``.
-
-    Re-marking with the same sharding is a no-op; marking over a replicated
-    sharding re-shards; any other existing sharding raises
-    :class:`~pjrt_plugins.errors.ShardingConflictError` until
-    :func:`clear_sharding`. A pending (lazy) tensor only records the
-    annotation; the execution engine applies it.
-
-    Example (8 devices)::
-
-        mesh = xs.Mesh(range(8), (4, 2), ("data", "model"))
-        x = xs.mark_sharding(torch.randn(8, 32).to("pjrt"), mesh, ("data", None))
-        x.sharding_type      # ShardingType.PARTIAL: 4-way split, replicated over "model"
-        linear = torch.nn.Linear(32, 10).to("pjrt")
-        xs.mark_sharding(linear.weight, mesh, (None, "model"))   # in place: still the Parameter
-        xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), (4, 2), (0, 1))   # the RFC's mesh-shape form
-    """
-    if use_dynamo_custom_op:
-        raise NotImplementedError("use_dynamo_custom_op=True (torch.compile sharding ops) is not supported")
-    data = unwrap(t)
-    vd = _device.virtual_device()
-    if not vd.spmd:
-        raise SpmdDisabledError(
-            "mark_sharding needs SPMD mode, which is off (XLA_USE_SPMD=0): the virtual device is a single "
-            "device. Call pjrt_plugins.spmd.use_spmd() or set XLA_USE_SPMD=1 before using the pjrt device."
-        )
-    mesh = _as_mesh(mesh)
-    if mesh.size() != vd.num_devices:
-        raise ShardingError(
-            f"mesh shape {mesh.mesh_shape} covers {mesh.size()} devices but the virtual device stands for "
-            f"{vd.num_devices} ({_plugin_label(vd)}); build the mesh over all {vd.num_devices} devices"
-        )
-    spec = mesh.get_op_sharding(partition_spec, rank=t.dim())
-    spec.check_devices(vd.device_ids)
-    current = data.annotation
-    if current == spec:
-        data.mark = (mesh, tuple(partition_spec))
-        return t  # type: ignore[return-value]
-    if current is not None and current.type is not ShardingType.REPLICATED:
-        raise ShardingConflictError(
-            f"the tensor already has sharding {current}; it cannot be re-marked as {spec}. "
-            "Call xs.clear_sharding(t) first (re-marking with the same sharding, or over a replicated one, is allowed)"
-        )
-    if data.state is TensorState.DEVICE:
-        _transfer.check_current(data, vd)
-    data.annotation = spec
-    data.mark = (mesh, tuple(partition_spec))
-    if data.state is TensorState.LAZY:
-        _device._lazy_module().on_mark_sharding(data)  # pending values exist only where the engine does
-    else:
-        _transfer.upload(data, spec)
-    logger.debug("marked %r", data)
-    return t  # type: ignore[return-value]
-
-
-def clear_sharding(t: torch.Tensor) -> torch.Tensor:
-    """Forget ``t``'s declared sharding (its shards stay where they are); returns ``t``.
-
-    Afterwards ``t`` may be marked with any sharding.
-
-    Example::
-
-        xs.mark_sharding(t, mesh, (0, 1))
-        xs.mark_sharding(t, mesh, (1, 0))   # ShardingConflictError: already {devices=[...]...}
-        xs.clear_sharding(t)                # t.sharding_spec == ''
-        xs.mark_sharding(t, mesh, (1, 0))   # re-shards
-    """
-    data = unwrap(t)
-    data.annotation = None
-    data.mark = None
-    return t
-
-
-def to_device(obj: Any) -> Any:
-    """Place a CPU tensor or an ``nn.Module``'s parameters and buffers on ``pjrt:0`` (nothing is uploaded).
-
-    The same as ``obj.to("pjrt")``, which also works; returns the tensor or the module.
-
-    Example::
-
-        model = xs.to_device(torch.nn.Linear(4, 2))   # parameters are deferred host data
-        model.weight.device                           # device(type='pjrt', index=0)
-        model = torch.nn.Linear(4, 2).to("pjrt")      # the same
-    """
-    if isinstance(obj, torch.nn.Module):
-        return obj.to(_device.TORCH_DEVICE)
-    if isinstance(obj, torch.Tensor):
-        return obj.to(_device.TORCH_DEVICE)
-    raise TypeError(f"to_device expects a tensor or an nn.Module, got {type(obj).__name__}")
+    return _seam.engine().dispatch(func, types, args, kwargs)

@@ -1,4 +1,4 @@
-"""Pure sharding arithmetic: partition specs to tile assignments to HLO sharding strings to shard geometry.
+"""HLO shardings: partition specs to tile assignments to HLO sharding strings (and back) to shard geometry.
 
 Plain Python on tuples of ints. Must never import torch, open a library or keep state.
 """
@@ -14,22 +14,11 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import Union
 
-from ..errors import ShardingError
+from ...errors import ShardingError
+from ._partition_spec import PartitionSpec, as_int, normalize_partition_spec
 
-__all__ = [
-    "PartitionSpec",
-    "Shard",
-    "ShardingSpec",
-    "ShardingType",
-    "normalize_partition_spec",
-    "parse_sharding",
-    "parse_tuple_sharding",
-]
+__all__ = ["Shard", "ShardingSpec", "ShardingType", "parse_sharding", "parse_tuple_sharding"]
 
-#: One entry of a partition spec: a mesh axis index, an axis name, a tuple of those (merged), or None.
-AxisRef = Union[int, str]
-PartitionEntry = Union[AxisRef, Sequence[AxisRef], None]
-PartitionSpec = Sequence[PartitionEntry]
 #: Shard indices: one slice per tensor dimension, or ``...`` for a full (replicated) copy.
 ShardIndices = Union[tuple[slice, ...], EllipsisType]
 
@@ -86,7 +75,7 @@ def _check_device_list(devices: Sequence[int], what: str) -> tuple[int, ...]:
     for d in devices:
         if isinstance(d, bool) or not isinstance(d, int):
             try:
-                d = _as_int(d)
+                d = as_int(d)
             except TypeError:
                 raise ShardingError(f"{what}: device ids must be integers, got {d!r}") from None
         if d < 0:
@@ -96,15 +85,6 @@ def _check_device_list(devices: Sequence[int], what: str) -> tuple[int, ...]:
         dupes = sorted({d for d in out if out.count(d) > 1})
         raise ShardingError(f"{what}: device ids {dupes} appear more than once")
     return tuple(out)
-
-
-def _as_int(value: object) -> int:
-    """``operator.index`` that rejects bools (``True`` is not a mesh axis)."""
-    import operator
-
-    if isinstance(value, bool):
-        raise TypeError("bool is not an integer here")
-    return operator.index(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -173,7 +153,7 @@ class ShardingSpec:
     @classmethod
     def maximal(cls, device: int) -> ShardingSpec:
         """One device holds the whole tensor: ``{maximal device=N}``."""
-        return cls(ShardingType.MAXIMAL, (), (_as_int(device),))
+        return cls(ShardingType.MAXIMAL, (), (as_int(device),))
 
     @classmethod
     def manual(cls) -> ShardingSpec:
@@ -187,8 +167,8 @@ class ShardingSpec:
         Normalization follows XLA: a sharding that tiles nothing is
         ``{replicated}``, and a replication dimension of size 1 is dropped.
         """
-        tile_shape = tuple(_as_int(t) for t in tile_shape)
-        devices = tuple(_as_int(d) for d in devices)
+        tile_shape = tuple(as_int(t) for t in tile_shape)
+        devices = tuple(as_int(d) for d in devices)
         if replicate_last:
             spec = cls(ShardingType.PARTIAL, tile_shape, devices)
             if math.prod(tile_shape[:-1]) == 1:
@@ -224,7 +204,7 @@ class ShardingSpec:
         >>> str(ShardingSpec.from_partition_spec((2, 2, 2), range(8), ((0, 2), None)))
         '{devices=[4,1,2]0,2,1,3,4,6,5,7 last_tile_dim_replicate}'
         """
-        mesh_shape = tuple(_as_int(s) for s in mesh_shape)
+        mesh_shape = tuple(as_int(s) for s in mesh_shape)
         device_ids = _check_device_list(tuple(device_ids), "mesh")
         if math.prod(mesh_shape) != len(device_ids):
             raise ShardingError(f"mesh shape {mesh_shape} holds {math.prod(mesh_shape)} devices, not {len(device_ids)}")
@@ -399,86 +379,6 @@ class ShardingSpec:
         """
         self.check_devices(device_ids)
         return [self.shard(global_shape, d) for d in self.holders(device_ids)]
-
-
-# -- partition specs ------------------------------------------------------------------
-
-
-def normalize_partition_spec(
-    partition_spec: PartitionSpec,
-    mesh_shape: Sequence[int],
-    axis_names: Sequence[str] | None = None,
-    *,
-    rank: int | None = None,
-) -> tuple[tuple[int, ...], ...]:
-    """The spec as one tuple of mesh axis indices per tensor dimension (``()`` = not split).
-
-    Raises :class:`ShardingError` naming the problem: wrong length, an axis out
-    of range or used twice, an unknown axis name, an entry of the wrong type.
-
-    >>> normalize_partition_spec(("data", None, ("x", 2)), (2, 2, 2), ("data", "x", "y"))
-    ((0,), (), (1, 2))
-    """
-    if isinstance(partition_spec, (str, bytes)) or not isinstance(partition_spec, Sequence):
-        raise ShardingError(
-            f"a partition spec is a tuple with one entry per tensor dimension, got {partition_spec!r}"
-        )
-    spec = tuple(partition_spec)
-    if rank is not None and len(spec) != rank:
-        raise ShardingError(
-            f"partition spec {spec!r} has {len(spec)} entr{'y' if len(spec) == 1 else 'ies'} but the tensor "
-            f"has rank {rank}; give one entry per tensor dimension (None for a dimension that is not split)"
-        )
-    names = tuple(axis_names) if axis_names is not None else None
-    num_axes = len(mesh_shape)
-    seen: dict[int, int] = {}
-    groups: list[tuple[int, ...]] = []
-    for dim, entry in enumerate(spec):
-        refs: Sequence[object]
-        if entry is None:
-            refs = ()
-        elif isinstance(entry, (tuple, list)):
-            refs = entry
-        else:
-            refs = (entry,)
-        group = []
-        for ref in refs:
-            axis = _resolve_axis(ref, num_axes, names, spec)
-            if axis in seen:
-                label = f"{axis} ({names[axis]!r})" if names else str(axis)
-                raise ShardingError(
-                    f"mesh axis {label} is used twice in partition spec {spec!r} "
-                    f"(dimensions {seen[axis]} and {dim}); each mesh axis may split at most one dimension"
-                )
-            seen[axis] = dim
-            group.append(axis)
-        groups.append(tuple(group))
-    return tuple(groups)
-
-
-def _resolve_axis(ref: object, num_axes: int, names: tuple[str, ...] | None, spec: tuple) -> int:
-    if isinstance(ref, str):
-        if names is None:
-            raise ShardingError(
-                f"partition spec {spec!r} names axis {ref!r} but the mesh has no axis names; "
-                "build the mesh with axis_names=... or use axis indices"
-            )
-        if ref not in names:
-            raise ShardingError(f"unknown mesh axis name {ref!r} in partition spec {spec!r}; the mesh axes are {names}")
-        return names.index(ref)
-    try:
-        axis = _as_int(ref)
-    except TypeError:
-        raise ShardingError(
-            f"partition spec {spec!r}: entry {ref!r} is not a mesh axis; use an int axis, an axis name, "
-            "a tuple of those, or None"
-        ) from None
-    if not 0 <= axis < num_axes:
-        raise ShardingError(
-            f"mesh axis {axis} in partition spec {spec!r} is out of range: the mesh has {num_axes} "
-            f"ax{'is' if num_axes == 1 else 'es'} (0..{num_axes - 1})"
-        )
-    return axis
 
 
 # -- parsing --------------------------------------------------------------------------

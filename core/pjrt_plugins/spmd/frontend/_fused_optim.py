@@ -3,7 +3,7 @@
 The foreach path records a dozen list ops per step, and torch computes each parameter's bias
 corrections in Python; the fused path is one ``aten._fused_adam(w)_`` / ``_fused_sgd_`` call,
 recorded here as one ``pjrt::adam_step`` / ``pjrt::sgd_step`` whose results become the new
-parameters and optimizer states (see ``lowering/_optim.py``). What is not lowered (a GradScaler's
+parameters and optimizer states (see the lowering's ``_optim``). What is not lowered (a GradScaler's
 ``grad_scale``/``found_inf``, the fused Adagrad) runs through the CPU fallback, or is refused when
 the fallback is off.
 """
@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedOpError
-from . import _fallback, _lazy
-from .lowering import op_name
-from .lowering._optim import ADAM_STEP, SGD_STEP, adam_step_outputs, sgd_step_outputs
+from ...errors import UnsupportedOpError
+from ..lowering import ADAM_STEP, SGD_STEP, adam_step_outputs, op_name, sgd_step_outputs
+from . import _fallback
+from ._dispatch import record_into
+from .tensor import XLAShardedTensor
 
 aten = torch.ops.aten
 
@@ -42,7 +43,7 @@ def fused_adam_step(func: Any, args: tuple, kwargs: dict) -> None:
     call = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], state_steps, lr_tensor, lr,
             float(kwargs["beta1"]), float(kwargs["beta2"]), float(kwargs["weight_decay"]), float(kwargs["eps"]),
             amsgrad, bool(kwargs["maximize"]), func.overloadpacket is aten._fused_adamw_)
-    _lazy.record_into(ADAM_STEP, call, adam_step_outputs(params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, amsgrad))
+    record_into(ADAM_STEP, call, adam_step_outputs(params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, amsgrad))
     return None
 
 
@@ -56,14 +57,12 @@ def fused_sgd_step(func: Any, args: tuple, kwargs: dict) -> None:
     call = (params, grads, buffers, lr_tensor, lr, float(kwargs["weight_decay"]), float(kwargs["momentum"]),
             float(kwargs["dampening"]), bool(kwargs["nesterov"]), bool(kwargs["maximize"]),
             bool(kwargs["is_first_step"]))
-    _lazy.record_into(SGD_STEP, call, sgd_step_outputs(params, buffers))
+    record_into(SGD_STEP, call, sgd_step_outputs(params, buffers))
     return None
 
 
 def _refusal(func: Any, kwargs: dict, tensors: list[Any]) -> UnsupportedOpError | None:
     """Why this fused step cannot be recorded (it then takes the fallback), or None."""
-    from .tensor import XLAShardedTensor
-
     name = op_name(func)
     if kwargs.get("grad_scale") is not None or kwargs.get("found_inf") is not None:
         return UnsupportedOpError(name, f"{name} with a GradScaler's grad_scale/found_inf is not lowered to the pjrt "

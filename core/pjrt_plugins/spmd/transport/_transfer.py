@@ -1,7 +1,7 @@
-"""Host <-> device transfers for the virtual device: sharded upload, gather, per-device byte counters.
+"""Host <-> device transfers for the virtual device: sharded upload and gather, each counted per device.
 
-The only module of the data model that moves bytes. It never records or runs
-computations (that is the execution engine's job).
+The only module that moves tensor bytes between the host and the devices. It never records or runs
+computations (the trace and execution layers do).
 """
 
 from __future__ import annotations
@@ -9,111 +9,31 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import ShardingError, VirtualDeviceError
-from ._data import TensorData, TensorState, host_empty
-from ._device import VirtualDevice, virtual_device
-from ._sharding import Shard, ShardingSpec, ShardingType
+from ...errors import ShardingError, VirtualDeviceError
+from ..devices import VirtualDevice, count_download, count_upload, virtual_device
+from ..sharding import Shard, ShardingSpec, ShardingType
+from ._tensor_data import TensorData, TensorState, host_empty
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "TransferCounters",
+    "check_current",
+    "download_buffer",
     "download_shard",
     "gather",
-    "reset_transfer_counters",
-    "transfer_counters",
+    "gather_shards",
+    "reshard_buffers",
     "upload",
     "upload_host_tensor",
 ]
 
-
-@dataclass(frozen=True)
-class TransferCounters:
-    """Bytes and buffers moved, per device ordinal, since the last reset.
-
-    ``uploaded[i]`` / ``downloaded[i]`` are bytes sent to / read from device
-    ``i`` (padding included, since it moves too); ``uploads`` / ``downloads``
-    count buffers.
-
-    Example (4 devices, a 16x8 float32 tensor split by rows)::
-
-        xs.reset_transfer_counters()
-        xs.mark_sharding(t, xs.Mesh(range(4), (4,)), (0, None))
-        xs.transfer_counters().uploaded   # {0: 128, 1: 128, 2: 128, 3: 128}
-        print(xs.transfer_counters().report())
-    """
-
-    uploaded: dict[int, int] = field(default_factory=dict)
-    downloaded: dict[int, int] = field(default_factory=dict)
-    uploads: int = 0
-    downloads: int = 0
-
-    @property
-    def total_uploaded(self) -> int:
-        return sum(self.uploaded.values())
-
-    @property
-    def total_downloaded(self) -> int:
-        return sum(self.downloaded.values())
-
-    def report(self) -> str:
-        """A short text table of bytes per device."""
-        devices = sorted(set(self.uploaded) | set(self.downloaded))
-        lines = [f"{'device':>6} {'uploaded':>14} {'downloaded':>14}"]
-        for d in devices:
-            lines.append(f"{d:>6} {self.uploaded.get(d, 0):>14,} {self.downloaded.get(d, 0):>14,}")
-        lines.append(f"{'total':>6} {self.total_uploaded:>14,} {self.total_downloaded:>14,}")
-        lines.append(f"buffers: {self.uploads} uploaded, {self.downloads} downloaded")
-        return "\n".join(lines)
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> None:
-        self.uploaded: defaultdict[int, int] = defaultdict(int)
-        self.downloaded: defaultdict[int, int] = defaultdict(int)
-        self.uploads = 0
-        self.downloads = 0
-
-    def add_upload(self, ordinal: int, nbytes: int) -> None:
-        with self.lock:
-            self.uploaded[ordinal] += nbytes
-            self.uploads += 1
-
-    def add_download(self, ordinal: int, nbytes: int) -> None:
-        with self.lock:
-            self.downloaded[ordinal] += nbytes
-            self.downloads += 1
-
-    def snapshot(self) -> TransferCounters:
-        with self.lock:
-            return TransferCounters(dict(self.uploaded), dict(self.downloaded), self.uploads, self.downloads)
-
-
-_counters = _Counters()
 #: Gathers moving more than this use two threads.
 _PARALLEL_GATHER_BYTES = 8 << 20
-
-
-def transfer_counters() -> TransferCounters:
-    """A snapshot of the bytes moved per device since the last :func:`reset_transfer_counters`."""
-    return _counters.snapshot()
-
-
-def reset_transfer_counters() -> None:
-    """Zero the transfer counters."""
-    with _counters.lock:
-        _counters.reset()
 
 
 # -- upload ------------------------------------------------------------------------------
@@ -173,7 +93,7 @@ def upload_host_tensor(
         buffers[shard.device] = vd.client.buffer_from_host(
             source, device=vd.devices[shard.device], copy=False if zero_copy else None
         )
-        _counters.add_upload(shard.device, source.numel() * source.element_size())
+        count_upload(shard.device, source.numel() * source.element_size())
     return buffers
 
 
@@ -193,6 +113,7 @@ def upload(data: TensorData, sharding: ShardingSpec | None = None) -> TensorData
             return data
         host = gather(data)
     elif data.state is TensorState.HOST:
+        assert data.host is not None
         host = data.host
     else:
         raise VirtualDeviceError(
@@ -223,7 +144,7 @@ def download_buffer(buffer: Any, ordinal: int, out: torch.Tensor | None = None) 
     """One device buffer as a CPU tensor (counted); written into ``out`` if given (a region of the
     buffer's shape: contiguous, or strided for buffers the host reads in place, see ``Buffer.to_numpy``)."""
     result = buffer.to_torch(out=out)
-    _counters.add_download(ordinal, result.numel() * result.element_size())
+    count_download(ordinal, result.numel() * result.element_size())
     return result
 
 

@@ -1,20 +1,17 @@
 """``torch.compile(..., backend="pjrt")``: torch traces the Python once; a cache hit records one op per graph.
 
 Why: the engine records every ATen operator a step dispatches, and torch's own dispatcher and
-autograd cost more per operator than issue 16's 15 us (``benchmarks/tracing_floor.py``). Under
+autograd cost more per operator than the engine's own recording (``benchmarks/tracing_floor.py``). Under
 ``torch.compile``, dynamo guards the Python (a changed learning rate or shape retraces) and
 AOTAutograd gives forward and backward as graphs of ATen ops; each becomes a ``pjrt::region``
 op (``lowering/_region.py``), so a step records a handful of ops, and the engine still runs the
 regions with the eager ops around them (the optimizer) as one program.
 
-How torch traces a pjrt tensor: ``XLAShardedTensor.__tensor_flatten__`` exposes one inner tensor,
-a meta tensor of its shape linked back to it (:func:`inner_of`). Dynamo and AOTAutograd trace
-with fake inner tensors wrapped in *tracing* pjrt tensors (``_pjrt_data is None``; on the meta
-device, so factories such as ``torch.arange(n, device=x.device)`` trace there too), whose ops run
-on the inner tensors (:func:`trace_dispatch`). At run time AOTAutograd hands the compiled function
-the linked meta tensors; it records the region on the pjrt tensors behind them and returns meta
-tensors linked to the results, which ``__tensor_unflatten__`` (:func:`outer_of`) turns back into
-pjrt tensors.
+How torch traces a pjrt tensor is ``_tracing_tensors``' part (inner meta tensors linked to the data,
+and tracing pjrt tensors, on the meta device, so factories such as ``torch.arange(n, device=x.device)``
+trace there too). At run time AOTAutograd hands the compiled function the linked meta tensors; it
+records the region on the pjrt tensors behind them and returns meta tensors linked to the results,
+which ``__tensor_unflatten__`` turns back into pjrt tensors.
 
 A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic shapes after a size
 changed) becomes a region per concrete signature, made on the first call with it: the sizes are
@@ -26,23 +23,27 @@ draws its keys of the device RNG stream, as eager ops do.
 
 from __future__ import annotations
 
+import functools
 import logging
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo import trace_rules
+from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 from torch.utils._pytree import tree_map_only
 
-from ..errors import UnsupportedOpError
-from . import _device, _executor, _lazy
-from ._device import next_rng_keys
-from .lowering import expand_graph
-from .lowering._region import REGION, region, register_region
-from .tensor import XLAShardedTensor, tracing_tensors_alive, unwrap, wrap
+from ...errors import UnsupportedOpError
+from ..devices import next_rng_keys, rng_keys_tensor
+from ..lowering import REGION, expand_graph, region, register_region
+from ..trace import record_data
+from ._torch_device import DEVICE_TYPE, TORCH_DEVICE
+from ._tracing_tensors import linked
+from .tensor import XLAShardedTensor, unwrap, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -51,130 +52,10 @@ __all__ = ["pjrt_backend"]
 _META = torch.device("meta")
 
 
-def _keep_dynamo_out_of_this_package() -> None:
-    """Dynamo must not trace into pjrt_plugins (mark_sharding, transfers: devices and cffi calls): a call from
-    a compiled function breaks the graph there and runs eagerly. Done when this module is first imported,
-    which torch.compile does for ``backend="pjrt"`` and the first time it looks inside a pjrt tensor."""
-    from torch._dynamo import trace_rules
-
-    trace_rules.add("pjrt_plugins")
-
-
-_keep_dynamo_out_of_this_package()
-
-
-# -- the tensors torch traces ------------------------------------------------------------------
-
-
-def inner_of(t: XLAShardedTensor) -> torch.Tensor:
-    """The inner tensor torch.compile sees for ``t``: a meta tensor of its shape linked to its data (kept on
-    ``t`` while its data, shape and dtype stay, so that every look at ``t`` gives the same one, as torch
-    expects)."""
-    inner = t.__dict__.get("_pjrt_inner_tensor")
-    data = t._pjrt_data
-    if data is None:  # a tracing tensor: its fake inner tensor
-        return inner
-    if inner is not None and inner._pjrt_linked is data and inner.shape == t.shape and inner.dtype == t.dtype:
-        return inner
-    _check_view_layout(t, data)
-    inner = _linked(data)
-    t.__dict__["_pjrt_inner_tensor"] = inner
-    return inner
-
-
-def _check_view_layout(t: XLAShardedTensor, data: Any) -> None:
-    """Refuse a view whose torch layout is not contiguous (``x[:, :n]``): a pjrt tensor reports contiguous
-    strides, and dynamo, which rebuilds a view input from its base, fails on the difference with an
-    internal error. Raised here, where dynamo first looks inside the tensor, the message says what to do."""
-    from torch._guards import TracingContext
-
-    if data.view_of is None or not t._is_view() or TracingContext.try_get() is None:
-        return  # only while dynamo traces: AOTAutograd's run time flattens views too (an expanded gradient)
-    root_ref, chain = data.view_of
-    root = root_ref()
-    if root is None:
-        return
-    layout = torch.empty(root.shape, dtype=root.dtype, device=_META)
-    try:
-        for op, args in chain:
-            layout = op(layout, *args)
-    except Exception:  # noqa: BLE001 - a chain that does not replay on meta: leave it to dynamo
-        return
-    if not layout.is_contiguous():
-        raise NotImplementedError(
-            f"torch.compile on pjrt: an input is a view of another pjrt tensor ({tuple(t.shape)} of "
-            f"{tuple(root.shape)}, strides {layout.stride()} in torch's layout) that pjrt reports as contiguous; "
-            "pass a copy (x[:, :n].clone()) or take the view inside the compiled function")
-
-
-def _linked(data: Any) -> torch.Tensor:
-    """A meta tensor standing for ``data`` (a TensorData) where torch.compile expects an inner tensor."""
-    inner = torch.empty(data.shape, dtype=data.dtype, device=_META)
-    inner._pjrt_linked = data
-    return inner
-
-
-def outer_of(inner: torch.Tensor, outer_size: Any, outer_stride: Any) -> XLAShardedTensor:
-    """The pjrt tensor for ``inner``: the data it is linked to, or a new tracing tensor.
-
-    Both report the strides torch traced (``outer_stride``): AOTAutograd makes an output that is a view
-    of an input (``a.t()``) again from that input with ``as_strided`` and the strides of what the
-    compiled function returned, so these must be the view's, not those of the values' own layout.
-    """
-    data = getattr(inner, "_pjrt_linked", None)
-    if data is None and type(inner) is torch.Tensor:  # not traced (fake/functional): another backend ran the graph
-        raise RuntimeError(
-            "pjrt tensors run under torch.compile only with backend=\"pjrt\" (or \"eager\"): another backend "
-            "computed on the meta tensors that stand for them, which hold no values")
-    t = torch.Tensor._make_wrapper_subclass(XLAShardedTensor, outer_size, strides=outer_stride, dtype=inner.dtype,
-                                            device=_device.TORCH_DEVICE,
-                                            requires_grad=inner.requires_grad if data is None else False)
-    t._pjrt_data = data
-    if data is not None:
-        return t
-    t.__dict__["_pjrt_inner_tensor"] = inner
-    tracing_tensors_alive.append(None)  # list operations: atomic, finalizers run on any thread
-    weakref.finalize(t, tracing_tensors_alive.pop)
-    return t
-
-
-def _is_tracing_tensor(x: Any) -> bool:
-    return isinstance(x, XLAShardedTensor) and x._pjrt_data is None
-
-
-def is_tracing(args: tuple, kwargs: dict) -> bool:
-    """Whether a tracing tensor is among the arguments of an op (or in a list argument). Every op asks while
-    tracing tensors are alive (dynamo keeps some after compiling): cheaper than flattening the arguments."""
-    for group in (args, kwargs.values()):
-        for a in group:
-            if _is_tracing_tensor(a):
-                return True
-            if type(a) in (list, tuple) and any(_is_tracing_tensor(b) for b in a):
-                return True
-    return False
-
-
-def trace_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """An op on tracing tensors: run it on their inner tensors, wrap the inner results (those on the meta device)."""
-
-    def inner(x: XLAShardedTensor) -> torch.Tensor:
-        if x._pjrt_data is not None:
-            raise RuntimeError(f"torch.compile: {func} mixes a traced pjrt tensor with one it did not trace; pass "
-                               "every pjrt tensor the compiled function uses as an argument or module attribute")
-        return x.__dict__["_pjrt_inner_tensor"]
-
-    def on_meta(x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, XLAShardedTensor):
-            return inner(x)
-        # A factory's tensor (torch.arange(n, device=x.device)), traced as a plain tensor on pjrt: the inner
-        # tensors live on the meta device (the lowering ignores devices).
-        return x.to(_META) if x.device.type == _device.DEVICE_TYPE else x
-
-    out = func(*tree_map_only(torch.Tensor, on_meta, args), **tree_map_only(torch.Tensor, on_meta, kwargs))
-    wrapped = tree_map_only(torch.Tensor, lambda o: outer_of(o, o.shape, o.stride()) if o.device == _META else o, out)
-    from torch.utils._python_dispatch import return_and_correct_aliasing
-
-    return return_and_correct_aliasing(func, args, kwargs, wrapped)
+# Dynamo must not trace into pjrt_plugins (mark_sharding, transfers: devices and cffi calls): a call from a
+# compiled function breaks the graph there and runs eagerly. torch.compile imports this module for
+# ``backend="pjrt"``; ``_tracing_tensors`` does the same the first time dynamo looks inside a pjrt tensor.
+trace_rules.add("pjrt_plugins")
 
 
 # -- the backend ---------------------------------------------------------------------------------
@@ -182,8 +63,6 @@ def trace_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def pjrt_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
     """The ``torch.compile`` backend for pjrt tensors (``backend="pjrt"``): AOTAutograd, each graph a region."""
-    from torch._dynamo.backends.common import aot_autograd
-
     return aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph)(gm, example_inputs, **kwargs)
 
 
@@ -232,13 +111,13 @@ def _region_runner(plan: _RegionPlan) -> Callable[[list[Any]], list[Any]]:
 
     def run(inputs: list[Any]) -> list[Any]:
         if random_ops:  # this call's keys of the device RNG stream, as the engine draws one per random op
-            inputs.append(_executor.rng_keys_tensor(next_rng_keys(random_ops)))
-        results = _lazy.record_data(REGION, (region_id, inputs))  # no tensor made for what torch gets as inner
+            inputs.append(rng_keys_tensor(next_rng_keys(random_ops)))
+        results = record_data(REGION, (region_id, inputs))  # no tensor made for what torch gets as inner
         out: list[Any] = [None] * plan.num_outputs
         for position, value in plan.constants.items():
             out[position] = value
         for position, data, is_plain in zip(plan.positions, results, plan.plain):
-            out[position] = wrap(data) if is_plain else _linked(data)
+            out[position] = wrap(data) if is_plain else linked(data)
         return out
 
     return run
@@ -250,7 +129,7 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     device type of each output as traced (default: read from ``gm``)."""
     inputs = tuple(_as_meta(x, "input") for x in example_inputs)
     devices = _output_devices(gm) if devices is None else devices
-    refused = [d for d in devices if d not in (None, "meta", _device.DEVICE_TYPE)]
+    refused = [d for d in devices if d not in (None, "meta", DEVICE_TYPE)]
     if refused:  # .cpu() inside: a CPU tensor, not a pjrt one
         raise NotImplementedError(f"a graph output is a tensor on {refused[0]}")
     graph = fx.Graph()
@@ -259,7 +138,8 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
         if node.op == "get_attr":
             _inline_constant(graph, node, getattr(gm, node.target))
         elif "val" in node.meta:
-            node.meta["val"] = tree_map_only(torch.Tensor, lambda v, name=node.name: _as_meta(v, name), node.meta["val"])
+            as_meta = functools.partial(_as_meta, what=node.name)
+            node.meta["val"] = tree_map_only(torch.Tensor, as_meta, node.meta["val"])
     output, leaves = _output_leaves(graph)
     positions, kept, constants = [], [], {}
     for position, leaf in enumerate(leaves):
@@ -276,7 +156,7 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     graph.eliminate_dead_code()
     expanded = expand_graph(graph)
     outputs = tuple(leaf.meta["val"] for leaf in kept)
-    plain = [devices[p] == _device.DEVICE_TYPE for p in positions]
+    plain = [devices[p] == DEVICE_TYPE for p in positions]
     return _RegionPlan(expanded, inputs, outputs, positions, len(leaves), plain, constants)
 
 
@@ -288,8 +168,6 @@ def _inline_constant(graph: fx.Graph, node: fx.Node, value: Any) -> None:
     if not (str(node.target).startswith("_tensor_constant") and isinstance(value, torch.Tensor)
             and value.dim() == 0 and value.device.type == "cpu"):
         raise NotImplementedError(f"graphs holding a constant that is not a number ({node.target}) are not regions yet")
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     with unset_fake_temporarily():  # the backend runs under dynamo's fake mode; the constant is real
         number = value.item()
     with graph.inserting_before(node):
@@ -383,7 +261,7 @@ def _specialize(gm: fx.GraphModule, args: Sequence[Any]) -> fx.Graph:
             values[node] = _as_meta(a, node.name) if isinstance(a, torch.Tensor) else a
         elif node.op == "call_function":
             device = node.kwargs.get("device")
-            if isinstance(device, torch.device) and device.type == _device.DEVICE_TYPE:
+            if isinstance(device, torch.device) and device.type == DEVICE_TYPE:
                 node.kwargs = {**node.kwargs, "device": _META}  # a factory made on pjrt: its meta stand-in
             call_args, call_kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
             values[node] = node.target(*call_args, **call_kwargs)
@@ -399,10 +277,15 @@ def _specialize(gm: fx.GraphModule, args: Sequence[Any]) -> fx.Graph:
             node.meta["val"] = value
             continue
         for user in list(node.users):
-            user.args, user.kwargs = fx.node.map_arg(
-                (user.args, user.kwargs), lambda n, node=node, value=value: value if n is node else n)
+            user.args, user.kwargs = fx.node.map_arg(  # type: ignore[assignment]
+                (user.args, user.kwargs), functools.partial(_constant_for, node=node, value=value))
         graph.erase_node(node)
     return graph
+
+
+def _constant_for(n: fx.Node, node: fx.Node, value: Any) -> Any:
+    """``value`` where ``n`` is ``node`` (a size written into its users), else ``n``."""
+    return value if n is node else n
 
 
 def _output_devices(gm: fx.GraphModule) -> list[str | None]:
@@ -450,7 +333,7 @@ def _pjrt_tensor(x: Any) -> Any:
     if isinstance(x, XLAShardedTensor):
         return x
     if x.device.type == "cpu":
-        return x.to(_device.TORCH_DEVICE)
+        return x.to(TORCH_DEVICE)
     raise RuntimeError(f"torch.compile on pjrt: an argument on {x.device} is neither a pjrt nor a CPU tensor")
 
 
@@ -460,7 +343,7 @@ def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
     devices = _output_devices(gm)
     for node in gm.graph.nodes:
         if node.kwargs.get("device") == _META:
-            node.kwargs = {**node.kwargs, "device": _device.TORCH_DEVICE}
+            node.kwargs = {**node.kwargs, "device": TORCH_DEVICE}
     gm.recompile()
 
     def run(args: list[Any]) -> list[Any]:
@@ -468,7 +351,7 @@ def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
         args.clear()
         with torch.no_grad():
             results = gm(*tensors)
-        return [_linked(r._pjrt_data) if device == "meta" else r for r, device in zip(results, devices)]
+        return [linked(r._pjrt_data) if device == "meta" else r for r, device in zip(results, devices)]
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -11,7 +11,6 @@ through the tensors' own ``copy_`` and deferred host data.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import warnings
@@ -19,10 +18,11 @@ from typing import Any
 
 import torch
 
-from ..errors import CpuFallbackWarning, UnsupportedOpError
-from . import _executor
-from ._data import TensorData
-from .lowering import op_name
+from ...errors import CpuFallbackWarning, UnsupportedOpError
+from ..devices import count_fallback
+from ..lowering import op_name
+from ..transport import TensorData
+from .tensor import XLAShardedTensor, to_cpu, wrap
 
 #: ``PJRT_CPU_FALLBACK=0`` starts the process strict.
 FALLBACK_ENV = "PJRT_CPU_FALLBACK"
@@ -33,12 +33,30 @@ _warned_lock = threading.Lock()
 aten = torch.ops.aten
 
 
-def set_enabled(enabled: bool) -> None:
+def set_cpu_fallback(enabled: bool) -> None:
+    """Run ops that have no lowering on the CPU (on by default), or refuse them (``False``: strict).
+
+    With the fallback on, such an op (and any op whose output shape depends on the data:
+    ``nonzero``, ``masked_select``, boolean indexing, ``unique``) gathers its inputs to the
+    CPU, runs there, and its results come back as deferred data; each op warns once with
+    :class:`~pjrt_plugins.errors.CpuFallbackWarning` and every use is counted in
+    ``metrics().fallbacks`` / ``fallback_ops``. Off, such an op raises
+    :class:`~pjrt_plugins.errors.UnsupportedOpError` naming it. ``PJRT_CPU_FALLBACK=0`` starts
+    a process strict. The fallback is slow (every use gathers and uploads): use the metrics to
+    find what a model still needs.
+
+    Example::
+
+        idx = x.nonzero()           # data-dependent shape: runs on the CPU, warns once
+        xs.metrics().fallback_ops   # {'aten.nonzero.default': 1}
+        xs.set_cpu_fallback(False)  # strict: x.nonzero() now raises UnsupportedOpError
+    """
     global _enabled
     _enabled = bool(enabled)
 
 
-def enabled() -> bool:
+def cpu_fallback_enabled() -> bool:
+    """Whether ops without a lowering run on the CPU (:func:`set_cpu_fallback`)."""
     return _enabled
 
 
@@ -49,12 +67,6 @@ def refuse_or_run(func: Any, args: tuple, kwargs: dict, error: UnsupportedOpErro
                                           "the pjrt device and the CPU fallback is off (xs.set_cpu_fallback(False)); "
                                           "turn it on, or compute it on the CPU (move the tensors with .cpu())")
     return run(func, args, kwargs)
-
-
-def _tensor_module() -> Any:
-    from . import tensor
-
-    return tensor
 
 
 def _map(fn: Any, value: Any) -> Any:
@@ -95,24 +107,23 @@ def _written_arguments(func: Any, args: tuple, kwargs: dict) -> list[tuple[Any, 
 def run(func: Any, args: tuple, kwargs: dict) -> Any:
     """``func`` on CPU copies of the pjrt arguments; written pjrt arguments get the new values, results come back
     as deferred pjrt data (non-tensor results as they are)."""
-    tmod = _tensor_module()
     name = op_name(func)
     _warn_once(name)
-    _executor.count_fallback(name)
+    count_fallback(name)
 
     copies: dict[int, torch.Tensor] = {}
 
-    def to_cpu(v: Any) -> Any:
-        if isinstance(v, tmod.XLAShardedTensor):
-            copy = tmod.to_cpu(v)
+    def cpu_copy(v: Any) -> Any:
+        if isinstance(v, XLAShardedTensor):
+            copy = to_cpu(v)
             copies[id(copy)] = v
             return copy
         if isinstance(v, torch.device) and v.type == "pjrt":
             return torch.device("cpu")
         return v
 
-    cpu_args = _map(to_cpu, args)
-    cpu_kwargs = _map(to_cpu, kwargs)
+    cpu_args = _map(cpu_copy, args)
+    cpu_kwargs = _map(cpu_copy, kwargs)
     if isinstance(cpu_kwargs.get("device"), str) and cpu_kwargs["device"].startswith("pjrt"):
         cpu_kwargs["device"] = torch.device("cpu")
     with torch._C._DisableTorchDispatch():  # no subclass below: plain CPU kernels
@@ -124,7 +135,7 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
         for cpu_t in (cpu_value if isinstance(cpu_value, (list, tuple)) else [cpu_value]):
             target = copies.get(id(cpu_t))
             if target is not None:
-                _check_not_resized(func, target, cpu_t)
+                check_not_resized(func, target, cpu_t)
                 target.copy_(cpu_t)
                 written_ids[id(cpu_t)] = target
 
@@ -135,12 +146,12 @@ def run(func: Any, args: tuple, kwargs: dict) -> Any:
                 return target  # the result aliases a written argument (x.op_(), out=): return the pjrt tensor
             if v.device.type != "cpu":
                 return v
-            return tmod.wrap(TensorData.from_host(v.detach(), copy=v._base is not None or id(v) in copies))
+            return wrap(TensorData.from_host(v.detach(), copy=v._base is not None or id(v) in copies))
         return v
 
     result = _map(to_pjrt, out)
-    if getattr(func, "is_view", False) and isinstance(result, tmod.XLAShardedTensor) and args \
-            and isinstance(args[0], tmod.XLAShardedTensor):
+    if getattr(func, "is_view", False) and isinstance(result, XLAShardedTensor) and args \
+            and isinstance(args[0], XLAShardedTensor):
         # A view (view_as_real, unfold, ...): linked to its base both ways, as a torch view is.
         result._pjrt_data.make_view_of(args[0]._pjrt_data, ((func, tuple(_positional(func, args, kwargs)[1:])),))
     return result
@@ -165,97 +176,23 @@ def scatter_view(base: Any, view_op: Any, view_args: tuple, new_view: Any) -> An
     For views the devices cannot write back into (those the fallback made, ``expand``): torch
     raises for a view whose elements overlap, as on the CPU. Returns a new pjrt tensor.
     """
-    tmod = _tensor_module()
     name = op_name(view_op)
     if not _enabled:
         raise UnsupportedOpError(name, f"writing in place into the result of {name} (a view) needs the CPU fallback, "
                                  "which is off; clone the view first, or turn the fallback on")
     _warn_once(f"writing into a view made by {name}")
-    _executor.count_fallback(name)
-    host = tmod.to_cpu(base).clone()
-    value = tmod.to_cpu(new_view)
+    count_fallback(name)
+    host = to_cpu(base).clone()
+    value = to_cpu(new_view)
     with torch._C._DisableTorchDispatch():
-        view_op(host, *[_map(lambda v: tmod.to_cpu(v) if isinstance(v, tmod.XLAShardedTensor) else v, a)
+        view_op(host, *[_map(lambda v: to_cpu(v) if isinstance(v, XLAShardedTensor) else v, a)
                         for a in view_args]).copy_(value)
-    return tmod.wrap(TensorData.from_host(host, copy=False))
+    return wrap(TensorData.from_host(host, copy=False))
 
 
-def _check_not_resized(func: Any, target: Any, value: Any) -> None:
+def check_not_resized(func: Any, target: Any, value: Any) -> None:
+    """Raise when an op's result cannot be written into ``target``, whose shape a pjrt tensor cannot change."""
     if tuple(target.shape) != tuple(value.shape):
         raise RuntimeError(f"{op_name(func)}: the result has shape {list(value.shape)} but the out= tensor has "
                            f"{list(target.shape)}, and a pjrt tensor cannot be resized; allocate out= with the "
                            "result's shape, or use the functional form")
-
-
-def run_out_variant(func: Any, args: tuple, kwargs: dict, functional: Any) -> Any:
-    """An ``out=`` overload: the functional op runs (on the device if it can), its results are copied into the
-    written arguments (``out``, or ``max``/``max_values`` and the like).
-
-    The out tensors keep their shape (a pjrt tensor cannot be resized): a result of another
-    shape raises.
-    """
-    from ._lazy import dispatch
-
-    written = {a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None
-               and a.alias_info.is_write}
-    rest = {k: v for k, v in kwargs.items() if k not in written}
-    result = dispatch(functional, (), args, rest)
-    outs: list[Any] = []
-    for name in (a.name for a in func._schema.arguments if a.name in written):
-        value = kwargs[name]
-        outs += list(value) if isinstance(value, (list, tuple)) else [value]
-    results = list(result) if isinstance(result, (list, tuple)) else [result]
-    if len(outs) != len(results):
-        raise UnsupportedOpError(op_name(func), f"{op_name(func)}: {len(results)} results for {len(outs)} out= tensors")
-    tmod = _tensor_module()
-    for target, value in zip(outs, results):
-        _check_not_resized(func, target, value)
-        if isinstance(target, tmod.XLAShardedTensor):
-            target.copy_(value)
-        else:
-            target.copy_(value.cpu() if isinstance(value, tmod.XLAShardedTensor) else value)
-    if "out" in written:
-        return kwargs["out"]
-    return tuple(outs) if len(outs) > 1 else outs[0]
-
-
-def _writes_kwargs(schema: Any) -> bool:
-    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-
-
-@functools.cache
-def is_out_variant(func: Any) -> bool:
-    """True for overloads that write their results into keyword arguments (``out=``, ``max=``/``max_values=``)."""
-    schema = getattr(func, "_schema", None)
-    return schema is not None and _writes_kwargs(schema)
-
-
-@functools.cache
-def functional_of_out(func: Any) -> Any | None:
-    """The overload of ``func``'s packet taking the same arguments without the written ones, or None."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return None
-    wanted = [(a.name, str(a.type)) for a in schema.arguments if not (a.kwarg_only and a.alias_info is not None
-                                                                      and a.alias_info.is_write)]
-    packet = func.overloadpacket
-    for name in packet.overloads():
-        candidate = getattr(packet, name)
-        args = candidate._schema.arguments
-        if any(a.alias_info is not None and a.alias_info.is_write for a in args):
-            continue
-        if [(a.name, str(a.type)) for a in args] == wanted:
-            return candidate
-    return None
-
-
-#: Index ops whose output shape (index) or meaning (index_put) depends on the data when an index is a mask.
-_MASKABLE = {aten.index.Tensor, aten.index_put.default, aten._index_put_impl_.default, aten.index_put_.default,
-             aten._unsafe_index_put.default}
-
-
-def data_dependent(func: Any, args: tuple) -> bool:
-    """True for indexing with a boolean mask (its result's shape or positions depend on the mask's values)."""
-    if func not in _MASKABLE or len(args) < 2:
-        return False
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] or ())

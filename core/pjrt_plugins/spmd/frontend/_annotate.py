@@ -1,0 +1,137 @@
+"""Annotating pjrt tensors: ``mark_sharding`` (declare a sharding, upload each device's shard), ``clear_sharding``
+and ``to_device``, with PyTorch/XLA's names and semantics."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ...errors import ShardingConflictError, ShardingError, SpmdDisabledError
+from ..devices import VirtualDevice, virtual_device
+from ..sharding import Mesh, PartitionSpec, ShardingType
+from ..transport import TensorState, check_current, upload
+from . import _seam
+from ._torch_device import TORCH_DEVICE
+from .tensor import XLAShardedTensor, unwrap
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["clear_sharding", "mark_sharding", "to_device"]
+
+
+def _as_mesh(mesh: Mesh | Sequence[int]) -> Mesh:
+    if isinstance(mesh, Mesh):
+        return mesh
+    if isinstance(mesh, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in mesh):
+        return Mesh(range(math.prod(mesh)), tuple(mesh))  # the RFC's form: a mesh shape, ids in ordinal order
+    raise TypeError(f"mark_sharding expects a Mesh or a mesh shape (tuple of ints), got {mesh!r}")
+
+
+def _plugin_label(vd: VirtualDevice) -> str:
+    return f"plugin {getattr(vd.plugin, 'name', None) or type(vd.plugin).__name__!r}"
+
+
+def mark_sharding(
+    t: torch.Tensor,
+    mesh: Mesh | Sequence[int],
+    partition_spec: PartitionSpec,
+    use_dynamo_custom_op: bool = False,
+) -> XLAShardedTensor:
+    """Declare how ``t`` is split over ``mesh`` and upload each device's shard (and nothing more).
+
+    ``t`` must be on ``pjrt`` (``t.to("pjrt")``); it is annotated in place and
+    returned. ``mesh`` is a :class:`Mesh` or, as in the RFC, a mesh shape over
+    all devices. ``partition_spec`` has one entry per dimension of ``t``: a mesh
+    axis index, an axis name, a tuple of those (merged, in order) or ``None``.
+
+    Re-marking with the same sharding is a no-op; marking over a replicated
+    sharding re-shards; any other existing sharding raises
+    :class:`~pjrt_plugins.errors.ShardingConflictError` until
+    :func:`clear_sharding`. A pending (lazy) tensor only records the
+    annotation; the execution engine applies it.
+
+    Example (8 devices)::
+
+        mesh = xs.Mesh(range(8), (4, 2), ("data", "model"))
+        x = xs.mark_sharding(torch.randn(8, 32).to("pjrt"), mesh, ("data", None))
+        x.sharding_type      # ShardingType.PARTIAL: 4-way split, replicated over "model"
+        linear = torch.nn.Linear(32, 10).to("pjrt")
+        xs.mark_sharding(linear.weight, mesh, (None, "model"))   # in place: still the Parameter
+        xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), (4, 2), (0, 1))   # the RFC's mesh-shape form
+    """
+    if use_dynamo_custom_op:
+        raise NotImplementedError("use_dynamo_custom_op=True (torch.compile sharding ops) is not supported")
+    data = unwrap(t)
+    vd = virtual_device()
+    if not vd.spmd:
+        raise SpmdDisabledError(
+            "mark_sharding needs SPMD mode, which is off (XLA_USE_SPMD=0): the virtual device is a single "
+            "device. Call pjrt_plugins.spmd.use_spmd() or set XLA_USE_SPMD=1 before using the pjrt device."
+        )
+    mesh = _as_mesh(mesh)
+    if mesh.size() != vd.num_devices:
+        raise ShardingError(
+            f"mesh shape {mesh.mesh_shape} covers {mesh.size()} devices but the virtual device stands for "
+            f"{vd.num_devices} ({_plugin_label(vd)}); build the mesh over all {vd.num_devices} devices"
+        )
+    spec = mesh.get_op_sharding(partition_spec, rank=t.dim())
+    spec.check_devices(vd.device_ids)
+    current = data.annotation
+    if current == spec:
+        data.mark = (mesh, tuple(partition_spec))
+        return t  # type: ignore[return-value]
+    if current is not None and current.type is not ShardingType.REPLICATED:
+        raise ShardingConflictError(
+            f"the tensor already has sharding {current}; it cannot be re-marked as {spec}. "
+            "Call xs.clear_sharding(t) first (re-marking with the same sharding, or over a replicated one, is allowed)"
+        )
+    if data.state is TensorState.DEVICE:
+        check_current(data, vd)
+    data.annotation = spec
+    data.mark = (mesh, tuple(partition_spec))
+    if data.state is TensorState.LAZY:
+        _seam.engine().on_mark_sharding(data)  # pending values exist only where the engine does
+    else:
+        upload(data, spec)
+    logger.debug("marked %r", data)
+    return t  # type: ignore[return-value]
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Forget ``t``'s declared sharding (its shards stay where they are); returns ``t``.
+
+    Afterwards ``t`` may be marked with any sharding.
+
+    Example::
+
+        xs.mark_sharding(t, mesh, (0, 1))
+        xs.mark_sharding(t, mesh, (1, 0))   # ShardingConflictError: already {devices=[...]...}
+        xs.clear_sharding(t)                # t.sharding_spec == ''
+        xs.mark_sharding(t, mesh, (1, 0))   # re-shards
+    """
+    data = unwrap(t)
+    data.annotation = None
+    data.mark = None
+    return t
+
+
+def to_device(obj: Any) -> Any:
+    """Place a CPU tensor or an ``nn.Module``'s parameters and buffers on ``pjrt:0`` (nothing is uploaded).
+
+    The same as ``obj.to("pjrt")``, which also works; returns the tensor or the module.
+
+    Example::
+
+        model = xs.to_device(torch.nn.Linear(4, 2))   # parameters are deferred host data
+        model.weight.device                           # device(type='pjrt', index=0)
+        model = torch.nn.Linear(4, 2).to("pjrt")      # the same
+    """
+    if isinstance(obj, torch.nn.Module):
+        return obj.to(TORCH_DEVICE)
+    if isinstance(obj, torch.Tensor):
+        return obj.to(TORCH_DEVICE)
+    raise TypeError(f"to_device expects a tensor or an nn.Module, got {type(obj).__name__}")

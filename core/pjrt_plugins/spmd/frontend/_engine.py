@@ -1,0 +1,32 @@
+"""The engine as the light half of the frontend sees it (through ``_seam``): the operators' route, the trace's
+materialization, the compile cache, the CPU fallback switch and the fused optimizer steps.
+
+Importing it loads the trace, execution and lowering layers (and jaxlib), and registers the frontend's
+tensor class with the trace, so that recorded ops read pjrt tensors by their data.
+"""
+
+from __future__ import annotations
+
+from ..execution import clear_compile_cache, set_cache_dir
+from ..trace import last_run_timings, materialize, on_mark_sharding, pending_ops, register_tensor_type, sync
+from ._dispatch import dispatch, refresh_views
+from ._fallback import cpu_fallback_enabled, set_cpu_fallback
+from ._fused_optim import fused_step
+from .tensor import XLAShardedTensor
+
+__all__ = [
+    "clear_compile_cache",
+    "cpu_fallback_enabled",
+    "dispatch",
+    "fused_step",
+    "last_run_timings",
+    "materialize",
+    "on_mark_sharding",
+    "pending_ops",
+    "refresh_views",
+    "set_cache_dir",
+    "set_cpu_fallback",
+    "sync",
+]
+
+register_tensor_type(XLAShardedTensor)

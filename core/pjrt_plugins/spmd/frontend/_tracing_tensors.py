@@ -1,0 +1,150 @@
+"""The tensors ``torch.compile`` traces for pjrt tensors: a pjrt tensor's inner tensor, and *tracing* pjrt tensors.
+
+``XLAShardedTensor.__tensor_flatten__`` exposes one inner tensor, a meta tensor of its shape linked back
+to its data (:func:`inner_of`). Dynamo and AOTAutograd trace with fake inner tensors wrapped in tracing
+pjrt tensors (``_pjrt_data is None``, made by :func:`outer_of`), whose ops run on the inner tensors
+(:func:`trace_dispatch`). The ``pjrt`` backend itself is ``_dynamo_backend``.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+import torch
+from torch._guards import TracingContext
+from torch.utils._python_dispatch import return_and_correct_aliasing
+from torch.utils._pytree import tree_map_only
+
+from ..transport import TensorData
+from ._torch_device import DEVICE_TYPE, TORCH_DEVICE
+
+__all__ = ["inner_of", "is_tracing", "linked", "outer_of", "trace_dispatch", "tracing_tensors_alive"]
+
+_META = torch.device("meta")
+
+#: One entry per tracing tensor that is alive: while any, each op checks its arguments for them.
+tracing_tensors_alive: list[None] = []
+_dynamo_kept_out = False
+
+
+def _keep_dynamo_out_of_this_package() -> None:
+    """Dynamo must not trace into pjrt_plugins (mark_sharding, transfers: devices and cffi calls): a call from a
+    compiled function breaks the graph there and runs eagerly. Done the first time dynamo looks inside a pjrt
+    tensor (dynamo is loaded by then; ``_dynamo_backend`` does it too, for ``backend="pjrt"``)."""
+    global _dynamo_kept_out
+    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
+    if trace_rules is not None and not _dynamo_kept_out:
+        trace_rules.add("pjrt_plugins")
+        _dynamo_kept_out = True
+
+
+def inner_of(t: Any) -> torch.Tensor:
+    """The inner tensor torch.compile sees for the pjrt tensor ``t``: a meta tensor of its shape linked to its
+    data (kept on ``t`` while its data, shape and dtype stay, so that every look at ``t`` gives the same one,
+    as torch expects)."""
+    _keep_dynamo_out_of_this_package()
+    inner = t.__dict__.get("_pjrt_inner_tensor")
+    data = t._pjrt_data
+    if data is None:  # a tracing tensor: its fake inner tensor
+        return inner  # type: ignore[no-any-return]
+    if inner is not None and inner._pjrt_linked is data and inner.shape == t.shape and inner.dtype == t.dtype:
+        return inner  # type: ignore[no-any-return]
+    _check_view_layout(t, data)
+    inner = linked(data)
+    t.__dict__["_pjrt_inner_tensor"] = inner
+    return inner  # type: ignore[no-any-return]
+
+
+def _check_view_layout(t: Any, data: TensorData) -> None:
+    """Refuse a view whose torch layout is not contiguous (``x[:, :n]``): a pjrt tensor reports contiguous
+    strides, and dynamo, which rebuilds a view input from its base, fails on the difference with an
+    internal error. Raised here, where dynamo first looks inside the tensor, the message says what to do."""
+    if data.view_of is None or not t._is_view() or TracingContext.try_get() is None:
+        return  # only while dynamo traces: AOTAutograd's run time flattens views too (an expanded gradient)
+    root_ref, chain = data.view_of
+    root = root_ref()
+    if root is None:
+        return
+    layout = torch.empty(root.shape, dtype=root.dtype, device=_META)
+    try:
+        for op, args in chain:
+            layout = op(layout, *args)
+    except Exception:  # noqa: BLE001 - a chain that does not replay on meta: leave it to dynamo
+        return
+    if not layout.is_contiguous():
+        raise NotImplementedError(
+            f"torch.compile on pjrt: an input is a view of another pjrt tensor ({tuple(t.shape)} of "
+            f"{tuple(root.shape)}, strides {layout.stride()} in torch's layout) that pjrt reports as contiguous; "
+            "pass a copy (x[:, :n].clone()) or take the view inside the compiled function")
+
+
+def linked(data: TensorData) -> torch.Tensor:
+    """A meta tensor standing for ``data`` where torch.compile expects an inner tensor."""
+    inner = torch.empty(data.shape, dtype=data.dtype, device=_META)
+    inner._pjrt_linked = data  # type: ignore[attr-defined]
+    return inner
+
+
+def outer_of(cls: type, inner: torch.Tensor, outer_size: Any, outer_stride: Any) -> Any:
+    """The pjrt tensor (of ``cls``) for ``inner``: the data it is linked to, or a new tracing tensor.
+
+    Both report the strides torch traced (``outer_stride``): AOTAutograd makes an output that is a view
+    of an input (``a.t()``) again from that input with ``as_strided`` and the strides of what the
+    compiled function returned, so these must be the view's, not those of the values' own layout.
+    """
+    data = getattr(inner, "_pjrt_linked", None)
+    if data is None and type(inner) is torch.Tensor:  # not traced (fake/functional): another backend ran the graph
+        raise RuntimeError(
+            "pjrt tensors run under torch.compile only with backend=\"pjrt\" (or \"eager\"): another backend "
+            "computed on the meta tensors that stand for them, which hold no values")
+    t: Any = torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=inner.dtype,
+                                            device=TORCH_DEVICE,
+                                            requires_grad=inner.requires_grad if data is None else False)
+    t._pjrt_data = data
+    if data is not None:
+        return t
+    t.__dict__["_pjrt_inner_tensor"] = inner
+    tracing_tensors_alive.append(None)  # list operations: atomic, finalizers run on any thread
+    weakref.finalize(t, tracing_tensors_alive.pop)
+    return t
+
+
+def _is_tracing_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and getattr(x, "_pjrt_data", False) is None
+
+
+def is_tracing(args: tuple, kwargs: dict) -> bool:
+    """Whether a tracing tensor is among the arguments of an op (or in a list argument). Every op asks while
+    tracing tensors are alive (dynamo keeps some after compiling): cheaper than flattening the arguments."""
+    for group in (args, kwargs.values()):
+        for a in group:
+            if _is_tracing_tensor(a):
+                return True
+            if type(a) in (list, tuple) and any(_is_tracing_tensor(b) for b in a):
+                return True
+    return False
+
+
+def trace_dispatch(cls: type, func: Any, args: tuple, kwargs: dict) -> Any:
+    """An op on tracing tensors (of ``cls``): run it on their inner tensors, wrap the inner results (those on the
+    meta device)."""
+
+    def inner(x: Any) -> torch.Tensor:
+        if x._pjrt_data is not None:
+            raise RuntimeError(f"torch.compile: {func} mixes a traced pjrt tensor with one it did not trace; pass "
+                               "every pjrt tensor the compiled function uses as an argument or module attribute")
+        return x.__dict__["_pjrt_inner_tensor"]  # type: ignore[no-any-return]
+
+    def on_meta(x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, cls):
+            return inner(x)
+        # A factory's tensor (torch.arange(n, device=x.device)), traced as a plain tensor on pjrt: the inner
+        # tensors live on the meta device (the lowering ignores devices).
+        return x.to(_META) if x.device.type == DEVICE_TYPE else x
+
+    out = func(*tree_map_only(torch.Tensor, on_meta, args), **tree_map_only(torch.Tensor, on_meta, kwargs))
+    wrapped = tree_map_only(torch.Tensor, lambda o: outer_of(cls, o, o.shape, o.stride()) if o.device == _META else o,
+                            out)
+    return return_and_correct_aliasing(func, args, kwargs, wrapped)

@@ -1,0 +1,23 @@
+"""Layer 1 of the SPMD engine: the sharding data model (meshes, partition specs, HLO shardings, shard geometry).
+
+Pure: plain Python and numpy on ids and shapes. It must never import torch, open a plugin or keep process
+state; every other layer builds on it. Not a public API: use ``pjrt_plugins.spmd``.
+"""
+
+from __future__ import annotations
+
+from ._hlo_sharding import Shard, ShardIndices, ShardingSpec, ShardingType, parse_sharding, parse_tuple_sharding
+from ._mesh import Mesh
+from ._partition_spec import PartitionSpec, normalize_partition_spec
+
+__all__ = [
+    "Mesh",
+    "PartitionSpec",
+    "Shard",
+    "ShardIndices",
+    "ShardingSpec",
+    "ShardingType",
+    "normalize_partition_spec",
+    "parse_sharding",
+    "parse_tuple_sharding",
+]

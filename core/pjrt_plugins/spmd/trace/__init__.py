@@ -1,0 +1,61 @@
+"""Layer 6 of the SPMD engine: the pending trace. Ops are recorded on tensor data and run when a value is needed.
+
+May use every layer below (sharding, device, transport, lowering, execution); returns tensor data
+(``TensorData``) or pending values, never torch tensors: the frontend makes those, and registers its
+tensor class here (:func:`register_tensor_type`). All the engine's caches live in :data:`ENGINE`.
+Not a public API: use ``pjrt_plugins.spmd``.
+"""
+
+from __future__ import annotations
+
+from ._materialize import last_run_timings, materialize, sync
+from ._op_info import (
+    OpInfo,
+    data_dependent,
+    functional_of_out,
+    is_out_variant,
+    op_info,
+    refuse_strided_view,
+    with_defaults,
+)
+from ._output_specs import COMPLEX_REFUSAL, NotLowerable, NotWhole, computes_complex
+from ._record import (
+    hold,
+    on_mark_sharding,
+    pending_data,
+    pending_ops,
+    record,
+    record_data,
+    record_values,
+    register_tensor_type,
+)
+from ._state import ENGINE, EngineState
+from ._trace import LazyValue
+
+__all__ = [
+    "COMPLEX_REFUSAL",
+    "ENGINE",
+    "EngineState",
+    "LazyValue",
+    "NotLowerable",
+    "NotWhole",
+    "OpInfo",
+    "computes_complex",
+    "data_dependent",
+    "functional_of_out",
+    "hold",
+    "is_out_variant",
+    "last_run_timings",
+    "materialize",
+    "on_mark_sharding",
+    "op_info",
+    "pending_data",
+    "pending_ops",
+    "record",
+    "record_data",
+    "record_values",
+    "refuse_strided_view",
+    "register_tensor_type",
+    "sync",
+    "with_defaults",
+]

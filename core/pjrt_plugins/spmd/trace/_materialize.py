@@ -1,0 +1,228 @@
+"""Materialization: the pending trace becomes one program (from the compile cache, or lowered and compiled
+from its torch.fx graph) and runs on every device; the tensors it feeds then hold device buffers.
+
+Never records ops (``_record``) and never compiles itself (the execution layer does).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ...errors import VirtualDeviceError
+from ..devices import VirtualDevice, count, rng_keys_tensor, virtual_device
+from ..execution import (
+    CompiledProgram,
+    execute_program,
+    lowering_options,
+    parameter_shardings,
+    plugin_identity,
+    program_for,
+)
+from ..sharding import ShardingSpec
+from ..transport import TensorData, TensorState, reshard_buffers, upload_host_tensor
+from ._output_specs import out_meta
+from ._record import key_value, raise_stale, spec_token
+from ._state import ENGINE
+from ._trace import GETITEM, INPUT, LazyValue, Trace
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["last_run_timings", "materialize", "sync"]
+
+_LAZY = TensorState.LAZY
+
+
+def sync(wait: bool = True) -> None:
+    """Run everything recorded so far (PyTorch/XLA's ``mark_step``); results stay on the devices.
+
+    Call it once per training step: the step's operators become one program, compiled on
+    the first step and taken from the cache afterwards. Every pending tensor becomes device
+    data laid out as the partitioner chose (see its ``sharding_spec``). ``.cpu()``,
+    ``.item()``, printing and ``local_shards`` run pending work too. ``wait`` is accepted
+    for PyTorch/XLA compatibility; execution is synchronous.
+
+    Example::
+
+        loss = F.mse_loss(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        xs.sync()                       # was: xm.mark_step()
+        model[0].weight.sharding_spec   # the layout it keeps across steps
+    """
+    with ENGINE.lock:
+        trace = ENGINE.trace
+        if trace is None or trace.ops == 0:
+            return
+        _run(trace)
+
+
+def materialize(datas: Sequence[TensorData]) -> None:
+    """Bring pending ``datas`` to the DEVICE state (runs the whole pending graph once)."""
+    with ENGINE.lock:
+        for data in datas:
+            if data.state is not _LAZY:
+                continue
+            value: LazyValue = data.lazy
+            if value.trace.done or value.trace.error is not None:
+                raise_stale(value)
+            _run(value.trace)
+
+
+def _run(trace: Trace) -> None:
+    if ENGINE.trace is trace:
+        ENGINE.trace = None  # ops recorded from here on go to a new trace
+    trace.done = True
+    count("ops_recorded", trace.ops)
+    try:
+        _execute(trace)
+    except BaseException as exc:
+        trace.error = exc
+        raise
+
+
+def _scalar_buffers(values: list[float], vd: VirtualDevice) -> list[Any]:
+    """The replicated float64 buffers holding ``values``; a step whose scalars did not change (a constant
+    learning rate) reuses the last ones, since programs never write their inputs."""
+    key = tuple(values)
+    last = ENGINE.last_scalars
+    if last is not None and last[0] == key and last[1] == vd.generation:
+        return last[2]
+    buffers = upload_host_tensor(torch.tensor(key, dtype=torch.float64), None, vd)
+    ENGINE.last_scalars = (key, vd.generation, buffers)
+    return buffers
+
+
+def _live_outputs(trace: Trace) -> dict[int, list[TensorData]]:
+    """The entries some live tensor still holds, with those tensors."""
+    holders: dict[int, list[TensorData]] = {}
+    for ref in trace.values:
+        data = ref()
+        if data is None or data.state is not _LAZY:
+            continue
+        value = data.lazy
+        if value.trace is not trace:
+            continue
+        held = holders.get(value.index)
+        if held is None:
+            holders[value.index] = [data]
+        elif all(d is not data for d in held):
+            held.append(data)
+    return holders
+
+
+def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, ShardingSpec]) -> fx.Graph:
+    """The torch.fx graph of ``trace``'s entries (on a compile-cache miss only): inputs are its placeholders,
+    ``outputs`` its results, ``pins`` its sharding constraints."""
+    graph = fx.Graph()
+    nodes: list[fx.Node] = []
+    inputs = iter(trace.inputs)
+    scalars = trace.scalars
+    rng_rows = 0
+    for entry, out in zip(trace.entries, trace.outs):
+        kind = entry[0]
+        if kind == INPUT:
+            source = next(inputs)
+            node = graph.placeholder(f"in{len(nodes)}")
+            node.meta["sharding"] = source.sharding
+        elif kind == GETITEM:
+            node = graph.call_function(operator.getitem, (nodes[entry[1]], entry[2]), name="getitem")
+        else:
+            info = ENGINE.ops_by_id[kind]
+            assert info is not None
+            args = tuple(key_value(k, nodes, scalars) for k in entry[1])
+            kwargs = {name: key_value(k, nodes, scalars) for name, k in entry[2]}
+            node = graph.call_function(info.func, args, kwargs, name=info.node_name)
+            if info.random:
+                node.meta["rng_key"] = rng_rows
+                rng_rows += 1
+        meta = out_meta(out)
+        node.meta["val"] = tuple(meta) if isinstance(meta, list) else meta
+        nodes.append(node)
+    for index, spec in pins.items():
+        nodes[index].meta["sharding"] = spec
+    if scalars:
+        pool = graph.placeholder("scalars")
+        pool.meta.update(val=torch.empty(len(scalars), dtype=torch.float64, device="meta"),
+                         sharding=ShardingSpec.replicated(), scalar_pool=True)
+    if rng_rows:
+        keys = graph.placeholder("rng_keys")
+        keys.meta.update(val=torch.empty(rng_rows, 2, dtype=torch.uint64, device="meta"),
+                         sharding=ShardingSpec.replicated(), rng_keys=True)
+    graph.output(tuple(nodes[i] for i in outputs))
+    return graph
+
+
+def _realign_inputs(program: CompiledProgram, trace: Trace, columns: list[Any], vd: VirtualDevice) -> None:
+    """Lay out again the inputs the compiled program wants in another sharding than the one they have
+    (positions kept per program key in ``ENGINE.realign_positions``: usually none)."""
+    positions = ENGINE.realign_positions.get(program.key)
+    if positions == []:
+        return
+    inputs = trace.inputs
+    wanted = parameter_shardings(program)
+    if positions is None:
+        positions = [] if wanted is None else [i for i, source in enumerate(inputs)
+                                               if i < len(wanted) and wanted[i] != source.sharding]
+        ENGINE.realign_positions[program.key] = positions
+    for i in positions:
+        source = inputs[i]
+        assert wanted is not None
+        columns[i] = reshard_buffers(columns[i], source.shape, source.dtype, source.sharding, wanted[i], vd)
+
+
+def last_run_timings() -> dict[str, float]:
+    """Where the last materialization's time went: finding its program (``key``), executing it (``execute``)
+    and storing its results (``after``), in seconds."""
+    return dict(ENGINE.last_timings)
+
+
+def _execute(trace: Trace) -> None:
+    t0 = time.perf_counter()
+    holders = _live_outputs(trace)
+    if not holders:
+        return
+    outputs = sorted(holders)
+    pins = dict(trace.pins)
+    for index in outputs:
+        if index not in pins:
+            for data in holders[index]:
+                kept = data.lazy.keep_sharding
+                if kept is not None:
+                    pins[index] = kept
+                    break
+    vd = virtual_device()
+    columns = []
+    for source in trace.inputs:
+        if source.generation != vd.generation:
+            raise VirtualDeviceError("an input of the pending graph lives on a virtual device that was replaced; "
+                                     "move it to pjrt again from a CPU copy")
+        columns.append(source.buffers)
+    if trace.scalars:
+        columns.append(_scalar_buffers(trace.scalars, vd))
+    if trace.rng:
+        columns.append(upload_host_tensor(rng_keys_tensor(trace.rng), None, vd))
+    options = lowering_options(vd)
+    # The step the trace ended on stands for its whole sequence of entries (see the note on recording).
+    key = (trace.cursor, tuple(outputs), tuple(sorted((i, spec_token(s)) for i, s in pins.items())), options,
+           plugin_identity(vd))
+    program = program_for(key, lambda: _build_graph(trace, outputs, pins), vd, options)
+    _realign_inputs(program, trace, columns, vd)
+    t1 = time.perf_counter()
+    results = execute_program(program, columns, vd)
+    t2 = time.perf_counter()
+    generation = vd.generation
+    for j, index in enumerate(outputs):
+        spec = program.output_shardings[j]
+        buffers = results[j]
+        for data in holders[index]:
+            data.set_device(buffers, spec, generation)
+            if data.annotation is None:
+                data.annotation = spec
+    ENGINE.last_timings.update(key=t1 - t0, execute=t2 - t1, after=time.perf_counter() - t2)
+    logger.debug("ran %d ops with %d inputs and %d outputs", trace.ops, len(columns), len(outputs))
