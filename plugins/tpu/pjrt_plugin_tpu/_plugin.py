@@ -96,6 +96,17 @@ def _first_env(*names: str) -> str | None:
     return None
 
 
+def default_topology_environment() -> dict[str, str]:
+    """One host (:data:`SINGLE_HOST_DEFAULTS`) when the environment names no topology, else nothing.
+
+    For libtpu without the metadata server: left without a topology, it logs placeholder errors
+    ("unexpected worker hostname 'WARNING: could not determine ...'") on stderr.
+    """
+    if _first_env(*SINGLE_HOST_DEFAULTS, "TPU_PROCESS_BOUNDS", "TPU_ACCELERATOR_TYPE"):
+        return {}
+    return dict(SINGLE_HOST_DEFAULTS)
+
+
 def current_slice() -> TpuSlice:
     """The slice description: environment variables first, then (on a TPU VM only) the metadata server."""
     meta = _metadata_tpu_env()
@@ -210,10 +221,7 @@ class TpuPlugin(DevicePlugin):
             # Off GCE there is no metadata server: without this libtpu retries it for minutes.
             os.environ[SKIP_MDS_QUERY_ENV] = "1"
             logger.info("not a GCE VM: set %s=1 so libtpu reads its topology from the environment", SKIP_MDS_QUERY_ENV)
-            if not _first_env(*SINGLE_HOST_DEFAULTS, "TPU_PROCESS_BOUNDS", "TPU_ACCELERATOR_TYPE"):
-                # No topology in the environment either: one host. Left unset, libtpu logs placeholder
-                # errors ("unexpected worker hostname 'WARNING: could not determine ...'") on stderr.
-                os.environ.update(SINGLE_HOST_DEFAULTS)
+            os.environ.update(default_topology_environment())
 
     @hookimpl
     def pjrt_initialize_timeout(self) -> float:
