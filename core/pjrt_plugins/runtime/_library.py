@@ -491,9 +491,13 @@ class Library:
     @property
     def extensions(self) -> list[tuple[int, str]]:
         """``[(type id, name)]`` of the plugin's extension chain (bounded, cycle-safe)."""
-        return list(self._walk_extensions())
+        return [(kind, name) for kind, name, _ in self._walk_extensions()]
 
-    def _walk_extensions(self) -> Iterator[tuple[int, str]]:
+    def find_extension(self, name: str) -> Any:
+        """The first extension of type ``name`` (e.g. ``"Profiler"``) as a ``PJRT_Extension_Base*``, or None."""
+        return next((node for _, found, node in self._walk_extensions() if found == name), None)
+
+    def _walk_extensions(self) -> Iterator[tuple[int, str, Any]]:
         base_size = STRUCT_SIZE["PJRT_Extension_Base"]
         seen: set[int] = set()
         node = self._api.extension_start
@@ -517,7 +521,7 @@ class Library:
                 )
                 return
             kind = int(ffi.cast("int", node.type))
-            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}")
+            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}"), node
             node = node.next
 
     def __repr__(self) -> str:
