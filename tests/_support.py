@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -21,9 +22,24 @@ LEAKY_ENV_PREFIXES = ("PJRT_", "TPU_", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "CU
                       "RANK", "WORLD_SIZE", "GROUP_RANK")
 
 
+#: The gpu backend's CUDA wheels (its [cuda13-local] extra), which scripts/setup installs beside the
+#: environment's site-packages: there JAX would find a CUDA plugin it cannot use here and print
+#: "Jax plugin configuration error" on every jax.devices(). The test session adds this directory
+#: to its path and to its children's (tests/conftest.py), so the gpu tests use the real library.
+CUDA_SITE = Path(sys.prefix) / "cuda-site"
+
+
+def session_site_dirs() -> list[str]:
+    """The site directories the test session adds to every interpreter it starts (:data:`CUDA_SITE`)."""
+    return [str(CUDA_SITE)] if CUDA_SITE.is_dir() else []
+
+
 def clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without :data:`LEAKY_ENV_PREFIXES`, plus ``extra``."""
+    """This process's environment without :data:`LEAKY_ENV_PREFIXES` (``PYTHONPATH`` holds only
+    :func:`session_site_dirs`), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LEAKY_ENV_PREFIXES)}
+    if session_site_dirs():
+        env["PYTHONPATH"] = os.pathsep.join(session_site_dirs())
     env.update(extra or {})
     return env
 

@@ -5,11 +5,20 @@ Nothing here is autouse: each area scrubs its own environment.
 
 from __future__ import annotations
 
+import os
 import shutil
+import site
 from pathlib import Path
 
 import pytest
-from _support import package_file
+from _support import package_file, session_site_dirs
+
+# The gpu backend's CUDA wheels live out of JAX's sight (see _support.CUDA_SITE): this session and
+# the interpreters it starts see them, before anything here imports pjrt_plugins.
+for _directory in session_site_dirs():
+    site.addsitedir(_directory)
+if session_site_dirs():
+    os.environ["PYTHONPATH"] = os.pathsep.join([*session_site_dirs(), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(scope="session")

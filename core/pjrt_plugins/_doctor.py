@@ -1,4 +1,4 @@
-"""`pjrt-plugins doctor`: check each plugin (loaded, available, library, API version, client).
+"""`pjrt-plugins doctor`: check each plugin (loaded, available, library, API version, client, memory).
 
 Whatever touches a vendor library runs in a child process with a timeout, so a
 library that hangs or aborts is reported, never able to hang or kill the doctor.
@@ -19,7 +19,7 @@ from ._registry import PluginRecord, plugin_record
 _MARK = "@@pjrt-plugins-doctor@@ "
 _channel: TextIO | None = None  # the child's private event channel (set by probe)
 DEFAULT_TIMEOUT_S = 60.0
-STAGES = ("loaded", "available", "library", "api version", "client")
+STAGES = ("loaded", "available", "library", "api version", "client", "memory")
 
 
 @dataclass
@@ -209,18 +209,55 @@ def probe(name: str) -> None:
         _emit(check="client", ok=None, detail="skipped: the plugin is unavailable here", fix="")
         return
 
+    memory: list[Any] = []
+
     def client() -> tuple[bool, str, Any]:
         started = time.monotonic()
         with plugin.create_client() as created:
             devices = created.devices
             detail = f"{created.platform_name}, {len(devices)} device{'s' if len(devices) != 1 else ''}"
+            memory.append(_memory_check(created))
         return True, f"{detail} ({time.monotonic() - started:.2f} s)", True
 
-    _run_stage(
+    if _run_stage(
         "client",
         client,
         "check the device, its driver and the plugin's create options (pjrt-plugins devices NAME -o KEY=VALUE)",
-    )
+    ) and memory:
+        _emit(start="memory")
+        _emit(**memory[0])
+
+
+def _memory_check(client: Any) -> dict[str, Any]:
+    """The ``memory`` check: the first addressable device's memory statistics (skipped where the plugin has none)."""
+    from .errors import UnsupportedFunctionError
+
+    devices = client.addressable_devices
+    if not devices:
+        return {"check": "memory", "ok": None, "detail": "skipped: no addressable device", "fix": ""}
+    device = devices[0]
+    try:
+        info = device.get_memory_info()
+    except UnsupportedFunctionError as exc:
+        return {"check": "memory", "ok": None, "detail": f"skipped: {exc}", "fix": ""}
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+        return {"check": "memory", "ok": False, "detail": f"{type(exc).__name__}: {exc}",
+                "fix": "the plugin failed to report device memory statistics"}
+    parts = [f"{_size(info['bytes_used'])} in use"]
+    if info["peak_bytes_used"] is not None:
+        parts.append(f"peak {_size(info['peak_bytes_used'])}")
+    if info["bytes_limit"] is not None:
+        parts.append(f"limit {_size(info['bytes_limit'])}")
+    return {"check": "memory", "ok": True, "detail": f"device {device.id}: " + ", ".join(parts), "fix": ""}
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
 
 
 if __name__ == "__main__":  # python -m pjrt_plugins._doctor NAME

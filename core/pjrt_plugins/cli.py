@@ -189,6 +189,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
                 "process_index": d.process_index,
                 "local_hardware_id": d.local_hardware_id,
                 "addressable": d.is_addressable,
+                **_device_memories(d),
             }
             for d in client.devices
         ]
@@ -210,13 +211,47 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print(f"library  {path} (PJRT C API {result['api_version']})")
     print(f"platform {result['platform_name']} {result['platform_version']}".rstrip())
     print(f"process  {result['process_index']}\n")
+    described = any(d["memory_descriptions"] for d in devices)
     print(
         _table(
-            ["ID", "KIND", "PROCESS", "LOCAL HW ID", "ADDRESSABLE"],
-            [[d["id"], d["kind"], d["process_index"], d["local_hardware_id"], d["addressable"]] for d in devices],
+            ["ID", "KIND", "PROCESS", "LOCAL HW ID", "ADDRESSABLE", "MEMORIES", *(["SUPPORTED KINDS"] if described else [])],
+            [
+                [d["id"], d["kind"], d["process_index"], d["local_hardware_id"], d["addressable"], _kinds(d["memories"]),
+                 *([_kinds(d["memory_descriptions"] or [])] if described else [])]
+                for d in devices
+            ],
         )
     )
+    print("\n* = the device's default memory" + ("; SUPPORTED KINDS: the plugin's memory descriptions" if described else ""))
+    missing = next((d["memory_descriptions_missing"] for d in devices if d.get("memory_descriptions_missing")), None)
+    if missing:
+        print(f"memory descriptions: {missing}")
     return EXIT_OK
+
+
+def _device_memories(device: Any) -> dict[str, Any]:
+    """A device's memory spaces and the memory kinds it describes, for `devices` (errors as text)."""
+    from pjrt_plugins import PjrtPluginsError, UnsupportedExtensionError
+
+    result: dict[str, Any] = {}
+    try:
+        default = device.default_memory.id if device.is_addressable else None
+        result["memories"] = [{"id": m.id, "kind": m.kind, "default": m.id == default} for m in device.memories]
+    except PjrtPluginsError as exc:
+        result["memories"], result["memories_error"] = [], str(exc)
+    try:
+        result["memory_descriptions"] = [
+            {"kind": d.kind, "kind_id": d.kind_id, "default": d.is_default} for d in device.memory_descriptions
+        ]
+    except UnsupportedExtensionError as exc:
+        result["memory_descriptions"], result["memory_descriptions_missing"] = None, str(exc)
+    except PjrtPluginsError as exc:
+        result["memory_descriptions"], result["memory_descriptions_missing"] = None, f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _kinds(memories: list[dict[str, Any]]) -> str:
+    return ", ".join(m["kind"] + ("*" if m["default"] else "") for m in memories) or "-"
 
 
 # -- doctor ----------------------------------------------------------------------------

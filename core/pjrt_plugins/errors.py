@@ -46,6 +46,15 @@ class UnsupportedFunctionError(PjrtPluginsError, NotImplementedError):
     """The plugin does not provide a C API function we need."""
 
 
+class UnsupportedExtensionError(PjrtPluginsError, NotImplementedError):
+    """The plugin does not provide a PJRT C API extension (profiler, memory descriptions, ...).
+
+    ``extension`` is its name as ``Library.extensions`` lists it (``"Profiler"``).
+    """
+
+    extension: str = ""
+
+
 class PjrtError(PjrtPluginsError):
     """An error returned by the plugin through ``PJRT_Error``.
 

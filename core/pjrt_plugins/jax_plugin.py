@@ -19,6 +19,8 @@ import logging
 import os
 from typing import Any
 
+from ._native_logs import apply_native_log_settings
+
 logger = logging.getLogger(__name__)
 
 #: Platforms JAX brings itself (jaxlib's CPU client, JAX's CUDA/ROCm/TPU packages).
@@ -61,6 +63,7 @@ def register_with_jax(name: str) -> bool:
         log = logger.warning if requested else logger.debug
         log("plugin %r is not registered with JAX: %s", name, reason)
         return False
+    apply_native_log_settings()  # JAX opens the library in register_plugin
     xla_bridge.register_plugin(
         name,
         priority=plugin.priority(),

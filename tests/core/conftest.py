@@ -22,6 +22,7 @@ import pytest
 
 import pjrt_plugins
 from core_support import CORE_DIR, SCRUBBED_ENV_VARS, child_env  # noqa: F401  (shared with the tests)
+from _support import session_site_dirs
 
 class SiteDir:
     """A directory of test distributions, as pip would lay them out in site-packages."""
@@ -115,16 +116,19 @@ def run_isolated(site: SiteDir, deps_dir: Path):
 
 @pytest.fixture
 def run_installed(site: SiteDir):
-    """Run code (or ``-m module args``) with the whole installed environment plus the test site."""
+    """Run code (or ``-m module args``) with the whole installed environment plus the test site
+    (and the session's site directories; a ``PYTHONPATH`` in ``env`` comes first)."""
 
     def run(args: Sequence[str] | str, env: Mapping[str, str] | None = None, *, timeout: float = 120) -> Result:
         argv = ["-c", textwrap.dedent(args)] if isinstance(args, str) else list(args)
+        extra = dict(env or {})
+        paths = [*filter(None, [extra.pop("PYTHONPATH", None)]), site.root, *session_site_dirs()]
         proc = subprocess.run(
             [sys.executable, *argv],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=child_env([site.root], env),
+            env=child_env(paths, extra),
             cwd=site.root.parent,
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)

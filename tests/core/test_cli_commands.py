@@ -82,7 +82,7 @@ def test_devices_creates_a_client_and_lists_its_devices(run_installed, cpu_libra
     text = run_installed([*CLI, "devices", "library", "-o", "cpu_device_count=2"], env)
     assert text.returncode == 0, text
     assert f"library  {cpu_library} (PJRT C API 0." in text.stdout
-    table = text.stdout.split("ID  KIND", 1)[1].splitlines()[2:]
+    table = text.stdout.split("ID  KIND", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     assert [line.split()[:2] for line in table] == [["0", "cpu"], ["1", "cpu"]]
 
     data = run_installed([*CLI, "devices", "--json"], {**env, "PJRT_DEVICE": "LIBRARY"})

@@ -115,6 +115,35 @@ def test_matmul_at_highest_precision_matches_float64(client):
     np.testing.assert_allclose(out.to_numpy(), expected, rtol=0, atol=1e-3)
 
 
+def test_memory_statistics_follow_a_buffer_and_memories_are_described(client):
+    device = client.addressable_devices[0]
+    before = device.get_memory_info()
+    assert before["bytes_limit"] > 0 and before["peak_bytes_used"] >= before["bytes_used"] >= 0
+    held = client.buffer_from_host(np.zeros(16 * 1024 * 1024, np.float32), device)  # 64 MiB
+    after = device.get_memory_info()
+    assert after["bytes_used"] >= before["bytes_used"] + (64 << 20), (before, after)
+    assert "bytes_in_use" in device.memory_stats()
+    del held
+    kinds = [description.kind for description in device.memory_descriptions]
+    assert kinds and kinds[0] == device.default_memory.kind, kinds
+
+
+def test_a_step_on_the_gpu_is_traced_by_the_plugins_profiler(client, tmp_path):
+    from jax.profiler import ProfileData
+
+    from pjrt_plugins import profiler
+
+    rng = np.random.default_rng(2)
+    program = client.compile(MATMUL_F32)
+    a = client.buffer_from_host(rng.standard_normal((256, 512)).astype(np.float32))
+    b = client.buffer_from_host(rng.standard_normal((512, 128)).astype(np.float32))
+    with profiler.trace(tmp_path, client) as result:
+        for _ in range(3):
+            program.execute([[a, b]])[0][0].to_numpy()
+    assert result.events > 0, "the CUDA plugin's profiler recorded no event of three matmuls"
+    assert ProfileData.from_file(str(result.xplane_path)).planes
+
+
 def test_many_launches_without_waiting_all_finish(client):
     add = client.compile(ADD_F32)
     one = client.buffer_from_host(np.ones(4, np.float32))

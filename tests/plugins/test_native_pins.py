@@ -94,7 +94,15 @@ def test_the_gpu_extras_choose_exactly_one_cuda_major():
         major, other = ("13", "12") if name.startswith("cuda13") else ("12", "13")
         assert f"jax-cuda{major}-pjrt" in names and f"jax-cuda{other}-pjrt" not in names, name
         assert not any(n.endswith(f"-cu{other}") for n in names), f"[{name}] mixes CUDA {other} wheels in"
-    assert extras["cuda13-local"] == {"jax-cuda13-pjrt"} and extras["cuda12-local"] == {"jax-cuda12-pjrt"}
+    # Each extra completes JAX's CUDA support too: jax-cuda1X-pjrt alone is half of it, and JAX then
+    # prints "Jax plugin configuration error" on every jax.devices(). Same bounds for both halves.
+    assert extras["cuda13-local"] == {"jax-cuda13-pjrt", "jax-cuda13-plugin"}
+    assert extras["cuda12-local"] == {"jax-cuda12-pjrt", "jax-cuda12-plugin"}
+    for name, requirements in project["optional-dependencies"].items():
+        major = "13" if name.startswith("cuda13") else "12"
+        parsed = {Requirement(r).name: Requirement(r) for r in requirements}
+        pjrt, plugin = parsed[f"jax-cuda{major}-pjrt"], parsed[f"jax-cuda{major}-plugin"]
+        assert plugin.specifier == pjrt.specifier, f"[{name}]: {plugin} and {pjrt} must admit the same releases"
     assert {"nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-nccl-cu13"} <= extras["cuda13"]
     assert {"nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12", "nvidia-nccl-cu12"} <= extras["cuda12"]
 

@@ -298,6 +298,7 @@ def test_skipping_the_chip_check_still_cannot_hang_off_gce(run_python):
         except Exception as exc:
             print(type(exc).__name__ + ":", str(exc).splitlines()[0])
         print("TPU_SKIP_MDS_QUERY =", os.environ.get("TPU_SKIP_MDS_QUERY"))
+        print("topology =", os.environ.get("TPU_WORKER_HOSTNAMES"), os.environ.get("TPU_HOST_BOUNDS"))
         """,
         env={"PJRT_TPU_SKIP_CHIP_CHECK": "1", "PJRT_TPU_INITIALIZE_TIMEOUT": "60"},
         timeout=120,
@@ -306,3 +307,27 @@ def test_skipping_the_chip_check_still_cannot_hang_off_gce(run_python):
     assert "TPU_SKIP_MDS_QUERY = 1" in result.stdout
     # libtpu's own answer, at once: "TPU initialization failed: No jellyfish device found."
     assert "PjrtError:" in result.stdout and "TPU initialization failed" in result.stdout, result.stdout
+    # Without metadata and without a topology in the environment: one host, and none of libtpu's
+    # placeholder errors about worker host names and host bounds on stderr.
+    assert "topology = localhost 1,1,1" in result.stdout
+    for text in ("could not determine", "unexpected worker hostname", "E0000"):
+        assert text not in result.stderr, result.stderr
+
+
+@needs_no_tpu
+@pytest.mark.skipif(on_google_compute_engine(), reason="on a GCE VM libtpu asks the metadata server")
+def test_a_topology_in_the_environment_is_left_as_it_is_off_gce(run_python):
+    result = run_python(
+        """
+        import os, pjrt_plugins
+        try:
+            pjrt_plugins.create_client("tpu")
+        except Exception as exc:
+            pass
+        print(os.environ.get("TPU_WORKER_HOSTNAMES"), os.environ.get("TPU_HOST_BOUNDS"))
+        """,
+        env={"PJRT_TPU_SKIP_CHIP_CHECK": "1", "PJRT_TPU_INITIALIZE_TIMEOUT": "60", "TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2"},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "10.0.0.1,10.0.0.2 None"

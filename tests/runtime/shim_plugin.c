@@ -40,6 +40,16 @@
  *   SHIM_CREATE_SLEEP_MS=n    PJRT_Client_Create sleeps n ms first (a client creation that hangs)
  *   SHIM_OVERSTATE_TABLE   PJRT_Api.struct_size claims 64 more slots than the table has; they hold
  *                          pointers to data (what a real overstated table reads past its end)
+ *   SHIM_MEMORY_STATS      PJRT_Device_MemoryStats answers fixed numbers (as a GPU plugin's allocator
+ *                          would): bytes_in_use 1000 + the device's id, peak 5000, bytes_limit 1<<30,
+ *                          num_allocs 7; every other statistic unset
+ *   SHIM_MEMORY_DESCRIPTIONS  a MemoryDescriptions extension: every device supports "device"
+ *                          (kind id 0, the default) and "pinned_host" (kind id 1)
+ *   SHIM_PROFILER          a Profiler extension whose profiler records each
+ *                          PJRT_LoadedExecutable_Execute call made between start and stop (its
+ *                          wall time) and collects them as an XSpace: plane "/device:SHIM:0",
+ *                          line "Execute", events "shim_execute"; with SHIM_PROFILER_FAIL_START its
+ *                          start fails with UNAVAILABLE "shim profiler: no tracer here"
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -459,6 +469,220 @@ static PJRT_Error* shim_client_create(PJRT_Client_Create_Args* args) {
 }
 #endif
 
+#ifdef SHIM_MEMORY_STATS
+static PJRT_Error* shim_memory_stats(PJRT_Device_MemoryStats_Args* args) {
+  PJRT_Device_GetDescription_Args description;
+  memset(&description, 0, sizeof(description));
+  description.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+  description.device = args->device;
+  PJRT_Error* error = real_api->PJRT_Device_GetDescription(&description);
+  if (error) return error;
+  PJRT_DeviceDescription_Id_Args id;
+  memset(&id, 0, sizeof(id));
+  id.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE;
+  id.device_description = description.device_description;
+  if ((error = real_api->PJRT_DeviceDescription_Id(&id)) != NULL) return error;
+  size_t keep = args->struct_size;
+  PJRT_Device* device = args->device;
+  memset(args, 0, keep);
+  args->struct_size = keep;
+  args->device = device;
+  args->bytes_in_use = 1000 + id.id;
+  args->peak_bytes_in_use = 5000;
+  args->peak_bytes_in_use_is_set = true;
+  args->bytes_limit = (int64_t)1 << 30;
+  args->bytes_limit_is_set = true;
+  args->num_allocs = 7;
+  args->num_allocs_is_set = true;
+  return NULL;
+}
+#endif
+
+#ifdef SHIM_MEMORY_DESCRIPTIONS
+/* The extension's layout (pjrt_c_api_memory_descriptions_extension.h, version 1), not in the 0.81 header. */
+typedef struct ShimMemoryDescription { const char* kind; int kind_id; } ShimMemoryDescription;
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  const ShimMemoryDescription* const* memory_descriptions;
+  size_t num_memory_descriptions;
+  size_t default_memory_index;
+} ShimDescriptionsArgs;
+typedef struct {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const ShimMemoryDescription* memory_description;
+  const char* kind;
+  size_t kind_size;
+  int kind_id;
+} ShimKindArgs;
+static const ShimMemoryDescription shim_device_memory = {"device", 0}, shim_pinned_memory = {"pinned_host", 1};
+static const ShimMemoryDescription* const shim_descriptions[] = {&shim_pinned_memory, &shim_device_memory};
+static PJRT_Error* shim_memory_descriptions(ShimDescriptionsArgs* args) {
+  args->memory_descriptions = shim_descriptions;
+  args->num_memory_descriptions = 2;
+  args->default_memory_index = 1;
+  return NULL;
+}
+static PJRT_Error* shim_memory_kind(ShimKindArgs* args) {
+  args->kind = args->memory_description->kind;
+  args->kind_size = strlen(args->kind);
+  args->kind_id = args->memory_description->kind_id;
+  return NULL;
+}
+static struct {
+  PJRT_Extension_Base base;
+  PJRT_Error* (*descriptions)(ShimDescriptionsArgs*);
+  PJRT_Error* (*kind)(ShimKindArgs*);
+} shim_descriptions_extension = {{sizeof(shim_descriptions_extension), PJRT_Extension_Type_MemoryDescriptions, NULL},
+                                 shim_memory_descriptions, shim_memory_kind};
+#endif
+
+#ifdef SHIM_PROFILER
+/* The plugin profiler API's layout (xla/backends/profiler/plugin/profiler_c_api.h, version 1) and the
+ * Profiler extension's (pjrt_c_api_profiler_extension.h, version 1); neither is in the 0.81 header. */
+typedef struct { int code; char message[64]; } ShimProfilerError;
+typedef struct { size_t struct_size; void* priv; ShimProfilerError* error; } ShimErrorDestroyArgs;
+typedef struct { size_t struct_size; void* priv; const ShimProfilerError* error; const char* message; size_t message_size; } ShimErrorMessageArgs;
+typedef struct { size_t struct_size; void* priv; const ShimProfilerError* error; int code; } ShimErrorCodeArgs;
+#define SHIM_MAX_EVENTS 256
+typedef struct {
+  int running;
+  int64_t start_ns, event_start[SHIM_MAX_EVENTS], event_end[SHIM_MAX_EVENTS];
+  size_t events;
+  unsigned char xspace[SHIM_MAX_EVENTS * 32 + 256];
+  size_t xspace_size;
+} ShimProfiler;
+typedef struct { size_t struct_size; const char* options; size_t options_size; ShimProfiler* profiler; } ShimCreateArgs;
+typedef struct { size_t struct_size; ShimProfiler* profiler; } ShimProfilerArgs;
+typedef struct { size_t struct_size; ShimProfiler* profiler; uint8_t* buffer; size_t buffer_size_in_bytes; } ShimCollectArgs;
+
+static ShimProfiler* volatile shim_active_profiler;
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static void shim_profiler_error_destroy(ShimErrorDestroyArgs* args) { free(args->error); }
+static void shim_profiler_error_message(ShimErrorMessageArgs* args) {
+  args->message = args->error->message;
+  args->message_size = strlen(args->error->message);
+}
+static ShimProfilerError* shim_profiler_error_code(ShimErrorCodeArgs* args) {
+  args->code = args->error->code;
+  return NULL;
+}
+static ShimProfilerError* shim_profiler_create(ShimCreateArgs* args) {
+  args->profiler = calloc(1, sizeof(ShimProfiler));
+  return NULL;
+}
+static ShimProfilerError* shim_profiler_destroy(ShimProfilerArgs* args) {
+  if (shim_active_profiler == args->profiler) shim_active_profiler = NULL;
+  free(args->profiler);
+  return NULL;
+}
+static ShimProfilerError* shim_profiler_start(ShimProfilerArgs* args) {
+#ifdef SHIM_PROFILER_FAIL_START
+  ShimProfilerError* error = calloc(1, sizeof(ShimProfilerError));
+  error->code = PJRT_Error_Code_UNAVAILABLE;
+  snprintf(error->message, sizeof(error->message), "shim profiler: no tracer here");
+  return error;
+#endif
+  args->profiler->running = 1;
+  args->profiler->events = 0;
+  args->profiler->start_ns = now_ns();
+  shim_active_profiler = args->profiler;
+  return NULL;
+}
+static ShimProfilerError* shim_profiler_stop(ShimProfilerArgs* args) {
+  args->profiler->running = 0;
+  shim_active_profiler = NULL;
+  return NULL;
+}
+/* Protobuf wire format, just enough for XSpace { XPlane { XLine { XEvent } , event_metadata } }. */
+static size_t put_varint(unsigned char* out, uint64_t value) {
+  size_t n = 0;
+  do {
+    unsigned char byte = value & 0x7F;
+    value >>= 7;
+    out[n++] = byte | (value ? 0x80 : 0);
+  } while (value);
+  return n;
+}
+static size_t put_int(unsigned char* out, int field, int64_t value) {
+  size_t n = put_varint(out, (uint64_t)(field << 3));
+  return n + put_varint(out + n, (uint64_t)value);
+}
+static size_t put_bytes(unsigned char* out, int field, const void* data, size_t size) {
+  size_t n = put_varint(out, (uint64_t)((field << 3) | 2));
+  n += put_varint(out + n, size);
+  memcpy(out + n, data, size);
+  return n + size;
+}
+static ShimProfilerError* shim_profiler_collect(ShimCollectArgs* args) {
+  ShimProfiler* p = args->profiler;
+  unsigned char line[SHIM_MAX_EVENTS * 32 + 64], event[32], plane[SHIM_MAX_EVENTS * 32 + 192], meta[64], entry[80];
+  size_t line_size = put_int(line, 1, 1);
+  line_size += put_bytes(line + line_size, 2, "Execute", 7);
+  line_size += put_int(line + line_size, 3, p->start_ns);
+  for (size_t i = 0; i < p->events; i++) {
+    size_t e = put_int(event, 1, 1);
+    e += put_int(event + e, 2, (p->event_start[i] - p->start_ns) * 1000);
+    e += put_int(event + e, 3, (p->event_end[i] - p->event_start[i]) * 1000);
+    line_size += put_bytes(line + line_size, 4, event, e);
+  }
+  size_t m = put_int(meta, 1, 1);
+  m += put_bytes(meta + m, 2, "shim_execute", 12);
+  size_t en = put_int(entry, 1, 1);
+  en += put_bytes(entry + en, 2, meta, m);
+  size_t plane_size = put_int(plane, 1, 1);
+  plane_size += put_bytes(plane + plane_size, 2, "/device:SHIM:0", 14);
+  plane_size += put_bytes(plane + plane_size, 3, line, line_size);
+  plane_size += put_bytes(plane + plane_size, 4, entry, en);
+  p->xspace_size = put_bytes(p->xspace, 1, plane, plane_size);
+  p->xspace_size += put_bytes(p->xspace + p->xspace_size, 4, "shim-host", 9);
+  if (args->buffer == NULL) {
+    args->buffer = p->xspace;  /* the plugin's own copy, as XLA's profilers hand it out */
+  } else {
+    memcpy(args->buffer, p->xspace, p->xspace_size);
+  }
+  args->buffer_size_in_bytes = p->xspace_size;
+  return NULL;
+}
+static struct {
+  size_t struct_size;
+  void* priv;
+  void* error_destroy;
+  void* error_message;
+  void* error_get_code;
+  void* create;
+  void* destroy;
+  void* start;
+  void* stop;
+  void* collect_data;
+} shim_profiler_api = {sizeof(shim_profiler_api), NULL, shim_profiler_error_destroy, shim_profiler_error_message,
+                       shim_profiler_error_code, shim_profiler_create, shim_profiler_destroy, shim_profiler_start,
+                       shim_profiler_stop, shim_profiler_collect};
+static struct {
+  PJRT_Extension_Base base;
+  void* profiler_api;
+  int64_t traceme_context_id;
+} shim_profiler_extension = {{sizeof(shim_profiler_extension), PJRT_Extension_Type_Profiler, NULL}, &shim_profiler_api, 0};
+
+static PJRT_Error* shim_profiled_execute(PJRT_LoadedExecutable_Execute_Args* args) {
+  int64_t start = now_ns();
+  PJRT_Error* error = real_api->PJRT_LoadedExecutable_Execute(args);
+  ShimProfiler* p = shim_active_profiler;
+  if (p != NULL && p->running && p->events < SHIM_MAX_EVENTS) {
+    size_t i = p->events++;
+    p->event_start[i] = start;
+    p->event_end[i] = now_ns();
+  }
+  return error;
+}
+#endif
+
 const PJRT_Api* GetPjrtApi(void) {
 #ifdef SHIM_NULL_API
   return NULL;
@@ -557,6 +781,24 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
 #ifdef SHIM_CREATE_SLEEP_MS
   shim_api.PJRT_Client_Create = shim_slow_create;
+#endif
+#ifdef SHIM_MEMORY_STATS
+  shim_api.PJRT_Device_MemoryStats = shim_memory_stats;
+#endif
+#if defined(SHIM_MEMORY_DESCRIPTIONS) || defined(SHIM_PROFILER)
+  {
+    PJRT_Extension_Base* chain = NULL;
+#ifdef SHIM_MEMORY_DESCRIPTIONS
+    shim_descriptions_extension.base.next = chain;
+    chain = &shim_descriptions_extension.base;
+#endif
+#ifdef SHIM_PROFILER
+    shim_profiler_extension.base.next = chain;
+    chain = &shim_profiler_extension.base;
+    shim_api.PJRT_LoadedExecutable_Execute = shim_profiled_execute;
+#endif
+    shim_api.extension_start = chain;  /* instead of the real plugin's extensions */
+  }
 #endif
 #ifdef SHIM_OVERSTATE_TABLE
   for (size_t i = 0; i < sizeof(shim_table.tail) / sizeof(shim_table.tail[0]); i++) shim_table.tail[i] = &report[i];

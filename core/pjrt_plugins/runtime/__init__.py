@@ -17,6 +17,7 @@ from ..errors import (
     PjrtError,
     PluginInitializeTimeoutError,
     PluginTimeoutError,
+    UnsupportedExtensionError,
     UnsupportedFunctionError,
 )
 from ._buffer import HOST_ALIGNMENT, Buffer, aligned_empty
@@ -26,6 +27,7 @@ from ._compile_options import CompileOptions
 from ._executable import Executable
 from ._kv import KeyValueStore
 from ._library import Library, load_library, loaded_libraries, new_args
+from ._memory import MemoryDescription, MemoryInfo
 from ._plugin_client import create_client_for_plugin
 
 #: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
@@ -47,10 +49,13 @@ __all__ = [
     "Library",
     "LibraryLoadError",
     "Memory",
+    "MemoryDescription",
+    "MemoryInfo",
     "PjrtError",
     "PluginInitializeTimeoutError",
     "PluginTimeoutError",
     "SUPPORTED_API_VERSIONS",
+    "UnsupportedExtensionError",
     "UnsupportedFunctionError",
     "aligned_empty",
     "create_client_for_plugin",

@@ -905,6 +905,148 @@ typedef struct {
 typedef PJRT_Error* PJRT_UntypedFunction(void* args);
 """
 
+# ---------------------------------------------------------------------------------------
+# Device memory statistics, memory descriptions and the profiler (used by _memory and
+# _profiler). Kept in one block of their own; written for this project from the published
+# layouts: PJRT_Device_MemoryStats_Args from pjrt_c_api.h (as in the 0.81 header), the
+# MemoryDescriptions extension (pjrt_c_api_memory_descriptions_extension.h, version 1), the
+# Profiler extension (pjrt_c_api_profiler_extension.h, version 1) and the plugin profiler API
+# it points to (xla/backends/profiler/plugin/profiler_c_api.h, PLUGIN_PROFILER_VERSION 1).
+# PJRT_Api's PJRT_Device_MemoryStats slot stays untyped; _memory casts it to
+# PJRT_Device_MemoryStats_Fn.
+# ---------------------------------------------------------------------------------------
+_EXTENSION_TYPES = r"""
+typedef struct PJRT_Device_MemoryStats_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Device* device;
+  int64_t bytes_in_use;
+  int64_t peak_bytes_in_use;
+  bool peak_bytes_in_use_is_set;
+  int64_t num_allocs;
+  bool num_allocs_is_set;
+  int64_t largest_alloc_size;
+  bool largest_alloc_size_is_set;
+  int64_t bytes_limit;
+  bool bytes_limit_is_set;
+  int64_t bytes_reserved;
+  bool bytes_reserved_is_set;
+  int64_t peak_bytes_reserved;
+  bool peak_bytes_reserved_is_set;
+  int64_t bytes_reservable_limit;
+  bool bytes_reservable_limit_is_set;
+  int64_t largest_free_block_bytes;
+  bool largest_free_block_bytes_is_set;
+  int64_t pool_bytes;
+  bool pool_bytes_is_set;
+  int64_t peak_pool_bytes;
+  bool peak_pool_bytes_is_set;
+} PJRT_Device_MemoryStats_Args;
+typedef PJRT_Error* PJRT_Device_MemoryStats_Fn(PJRT_Device_MemoryStats_Args* args);
+
+typedef struct PJRT_MemoryDescription PJRT_MemoryDescription;
+
+typedef struct PJRT_DeviceDescription_MemoryDescriptions_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  const PJRT_MemoryDescription* const* memory_descriptions;
+  size_t num_memory_descriptions;
+  size_t default_memory_index;
+} PJRT_DeviceDescription_MemoryDescriptions_Args;
+
+typedef struct PJRT_MemoryDescription_Kind_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_MemoryDescription* memory_description;
+  const char* kind;
+  size_t kind_size;
+  int kind_id;
+} PJRT_MemoryDescription_Kind_Args;
+
+typedef struct PJRT_MemoryDescriptions_Extension {
+  size_t struct_size;  /* PJRT_Extension_Base, spelled out */
+  PJRT_Extension_Type type;
+  PJRT_Extension_Base* next;
+  PJRT_Error* (*PJRT_DeviceDescription_MemoryDescriptions)(PJRT_DeviceDescription_MemoryDescriptions_Args* args);
+  PJRT_Error* (*PJRT_MemoryDescription_Kind)(PJRT_MemoryDescription_Kind_Args* args);
+} PJRT_MemoryDescriptions_Extension;
+
+typedef struct PLUGIN_Profiler PLUGIN_Profiler;
+typedef struct PLUGIN_Profiler_Error PLUGIN_Profiler_Error;
+
+typedef struct PLUGIN_Profiler_Error_Destroy_Args {
+  size_t struct_size;
+  void* priv;
+  PLUGIN_Profiler_Error* error;
+} PLUGIN_Profiler_Error_Destroy_Args;
+
+typedef struct PLUGIN_Profiler_Error_Message_Args {
+  size_t struct_size;
+  void* priv;
+  const PLUGIN_Profiler_Error* error;
+  const char* message;
+  size_t message_size;
+} PLUGIN_Profiler_Error_Message_Args;
+
+typedef struct PLUGIN_Profiler_Error_GetCode_Args {
+  size_t struct_size;
+  void* priv;
+  const PLUGIN_Profiler_Error* error;
+  int code;
+} PLUGIN_Profiler_Error_GetCode_Args;
+
+typedef struct PLUGIN_Profiler_Create_Args {
+  size_t struct_size;
+  const char* options;
+  size_t options_size;
+  PLUGIN_Profiler* profiler;
+} PLUGIN_Profiler_Create_Args;
+
+typedef struct PLUGIN_Profiler_Destroy_Args {
+  size_t struct_size;
+  PLUGIN_Profiler* profiler;
+} PLUGIN_Profiler_Destroy_Args;
+
+typedef struct PLUGIN_Profiler_Start_Args {
+  size_t struct_size;
+  PLUGIN_Profiler* profiler;
+} PLUGIN_Profiler_Start_Args;
+
+typedef struct PLUGIN_Profiler_Stop_Args {
+  size_t struct_size;
+  PLUGIN_Profiler* profiler;
+} PLUGIN_Profiler_Stop_Args;
+
+typedef struct PLUGIN_Profiler_CollectData_Args {
+  size_t struct_size;
+  PLUGIN_Profiler* profiler;
+  uint8_t* buffer;
+  size_t buffer_size_in_bytes;
+} PLUGIN_Profiler_CollectData_Args;
+
+typedef struct PLUGIN_Profiler_Api {
+  size_t struct_size;
+  void* priv;
+  void (*error_destroy)(PLUGIN_Profiler_Error_Destroy_Args* args);
+  void (*error_message)(PLUGIN_Profiler_Error_Message_Args* args);
+  PLUGIN_Profiler_Error* (*error_get_code)(PLUGIN_Profiler_Error_GetCode_Args* args);
+  PLUGIN_Profiler_Error* (*create)(PLUGIN_Profiler_Create_Args* args);
+  PLUGIN_Profiler_Error* (*destroy)(PLUGIN_Profiler_Destroy_Args* args);
+  PLUGIN_Profiler_Error* (*start)(PLUGIN_Profiler_Start_Args* args);
+  PLUGIN_Profiler_Error* (*stop)(PLUGIN_Profiler_Stop_Args* args);
+  PLUGIN_Profiler_Error* (*collect_data)(PLUGIN_Profiler_CollectData_Args* args);
+} PLUGIN_Profiler_Api;
+
+typedef struct PJRT_Profiler_Extension {
+  size_t struct_size;  /* PJRT_Extension_Base, spelled out */
+  PJRT_Extension_Type type;
+  PJRT_Extension_Base* next;
+  PLUGIN_Profiler_Api* profiler_api;
+  int64_t traceme_context_id;
+} PJRT_Profiler_Extension;
+"""
+
 
 class Slot(NamedTuple):
     """One function pointer of PJRT_Api: its name, the args struct we call it with, and
@@ -1126,7 +1268,7 @@ def _api_struct_cdef() -> str:
 
 
 #: The complete declarations, as C text (cffi reads it; the ABI test also compiles it).
-CDEF = _TYPES + _api_struct_cdef()
+CDEF = _TYPES + _EXTENSION_TYPES + _api_struct_cdef()
 
 #: The compiled fast path's interface (runtime/csrc/fastpath.c, loaded by _fastpath): plans
 #: that hold the plugin's functions and the args structs they take, filled once in Python.

@@ -29,6 +29,7 @@ from ._compile_options import CompileOptions
 from ._dtypes import pjrt_type_of
 from ._executable import Executable
 from ._inflight import wait_for_calls
+from . import _memory
 from ._kv import KvCallbacks
 from ._library import Library, args_pool, load_library, new_args, unpack_text, version_text
 from ._named_values import EncodedNamedValues, decode_named_values
@@ -169,6 +170,19 @@ class Device(_ClientPart):
     @property
     def default_memory(self) -> Memory:
         return self.client._memory(self._invoke("PJRT_Device_DefaultMemory", device=self._ptr).memory)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Allocator statistics by JAX's names (``bytes_in_use``, ``peak_bytes_in_use``, ``bytes_limit``, ...)."""
+        return _memory.memory_stats(self)  # UnsupportedFunctionError where the plugin has none
+
+    def get_memory_info(self) -> _memory.MemoryInfo:
+        """PyTorch/XLA's ``xm.get_memory_info``: ``{"bytes_used", "peak_bytes_used", "bytes_limit"}``."""
+        return _memory.memory_info(self)
+
+    @property
+    def memory_descriptions(self) -> list[_memory.MemoryDescription]:
+        """The memory kinds this device supports (MemoryDescriptions extension), default first."""
+        return _memory.memory_descriptions(self)  # UnsupportedExtensionError where the plugin lacks it
 
     @property
     def debug_string(self) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
+from .._native_logs import apply_native_log_settings
 from ..errors import (
     ApiVersionError,
     LibraryLoadError,
@@ -117,7 +118,8 @@ def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> 
     Raises :class:`LibraryLoadError` for a missing file, a file that is not a shared
     library of this machine, a truncated one, or one without ``GetPjrtApi``;
     :class:`ApiVersionError` for a major version we do not speak or a minor below
-    :data:`MIN_SUPPORTED_MINOR`; :class:`PluginTimeoutError` when dlopen and ``GetPjrtApi``
+    :data:`MIN_SUPPORTED_MINOR`; :class:`PluginConfigurationError` for a malformed
+    ``PJRT_PLUGINS_LOG_LEVEL`` (applied first); :class:`PluginTimeoutError` when dlopen and ``GetPjrtApi``
     have not returned within ``timeout`` seconds (default: 60; a later call waits for the
     same attempt).
     """
@@ -127,6 +129,7 @@ def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> 
     if not given.is_file():
         raise LibraryLoadError(f"PJRT plugin library {str(given)!r} is not a regular file")
     resolved = os.path.realpath(given)
+    apply_native_log_settings()  # plugins read their logging variables when they are loaded
     with _load_lock:
         library = _libraries.get(resolved)
         if library is not None:
@@ -488,9 +491,13 @@ class Library:
     @property
     def extensions(self) -> list[tuple[int, str]]:
         """``[(type id, name)]`` of the plugin's extension chain (bounded, cycle-safe)."""
-        return list(self._walk_extensions())
+        return [(kind, name) for kind, name, _ in self._walk_extensions()]
 
-    def _walk_extensions(self) -> Iterator[tuple[int, str]]:
+    def find_extension(self, name: str) -> Any:
+        """The first extension of type ``name`` (e.g. ``"Profiler"``) as a ``PJRT_Extension_Base*``, or None."""
+        return next((node for _, found, node in self._walk_extensions() if found == name), None)
+
+    def _walk_extensions(self) -> Iterator[tuple[int, str, Any]]:
         base_size = STRUCT_SIZE["PJRT_Extension_Base"]
         seen: set[int] = set()
         node = self._api.extension_start
@@ -514,7 +521,7 @@ class Library:
                 )
                 return
             kind = int(ffi.cast("int", node.type))
-            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}")
+            yield kind, _cdef.EXTENSION_TYPE_NAMES.get(kind, f"Unknown{kind}"), node
             node = node.next
 
     def __repr__(self) -> str:

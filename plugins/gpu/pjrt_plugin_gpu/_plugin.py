@@ -79,7 +79,7 @@ def library_problem() -> str | None:
             "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
             "choose your CUDA major with an extra: `pip install 'pjrt-plugin-gpu[cuda13]'` (or [cuda12]; "
             f"[cuda13-local] / [cuda12-local] with a system-wide CUDA), or set {LIBRARY_PATH_ENV}; with JAX in this "
-            "environment, `pip install 'jax[cuda13]'` instead (the same library, and JAX's half of CUDA support)"
+            "environment, add `'jax[cuda13]==<your jax version>'` to the same command"
         )
     return None
 

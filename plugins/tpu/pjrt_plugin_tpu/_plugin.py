@@ -35,6 +35,8 @@ LIBRARY_PATH_ENV = "TPU_LIBRARY_PATH"
 SKIP_CHIP_CHECK_ENV = "PJRT_TPU_SKIP_CHIP_CHECK"
 #: libtpu's switch to read the topology from the environment instead of the GCE metadata server.
 SKIP_MDS_QUERY_ENV = "TPU_SKIP_MDS_QUERY"
+#: libtpu's topology for one host, set off GCE when the environment names none.
+SINGLE_HOST_DEFAULTS = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
 #: PyTorch/XLA's knob for the ``max_inflight_computations`` create option.
 MAX_INFLIGHT_ENV = "XLA_TPU_MAX_INFLIGHT_COMPUTATIONS"
 DEFAULT_MAX_INFLIGHT_COMPUTATIONS = 32
@@ -92,6 +94,17 @@ def _first_env(*names: str) -> str | None:
         if value:
             return value
     return None
+
+
+def default_topology_environment() -> dict[str, str]:
+    """One host (:data:`SINGLE_HOST_DEFAULTS`) when the environment names no topology, else nothing.
+
+    For libtpu without the metadata server: left without a topology, it logs placeholder errors
+    ("unexpected worker hostname 'WARNING: could not determine ...'") on stderr.
+    """
+    if _first_env(*SINGLE_HOST_DEFAULTS, "TPU_PROCESS_BOUNDS", "TPU_ACCELERATOR_TYPE"):
+        return {}
+    return dict(SINGLE_HOST_DEFAULTS)
 
 
 def current_slice() -> TpuSlice:
@@ -208,6 +221,7 @@ class TpuPlugin(DevicePlugin):
             # Off GCE there is no metadata server: without this libtpu retries it for minutes.
             os.environ[SKIP_MDS_QUERY_ENV] = "1"
             logger.info("not a GCE VM: set %s=1 so libtpu reads its topology from the environment", SKIP_MDS_QUERY_ENV)
+            os.environ.update(default_topology_environment())
 
     @hookimpl
     def pjrt_initialize_timeout(self) -> float:

@@ -19,6 +19,7 @@ import pytest
 
 import pjrt_plugins.conform as conform_package
 from _support import link_installed_distributions
+from pjrt_plugin_tpu import count_tpu_chips
 from pjrt_plugins.conform._framework_probe import TORCH_XLA_PYTHON_ENV
 
 PROBE = Path(conform_package.__file__).with_name("_framework_probe.py")
@@ -96,7 +97,8 @@ def test_plain_jax_devices_prints_no_plugin_error_with_every_backend_installed(t
                             text=True, env=environment, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[CpuDevice(id=0)]"
-    for text in ("Jax plugin configuration error", "Traceback", "cuda_plugin_extension", "Unable to initialize backend"):
+    for text in ("Jax plugin configuration error", "Traceback", "cuda_plugin_extension", "Unable to initialize backend",
+                 "could not determine TPU", "E0000"):
         assert text not in result.stderr, result.stderr[-3000:]
     # the stub (negative priority) is registered only when JAX_PLATFORMS asks for it: no warning about it
     assert "stub_neuron" not in result.stderr, result.stderr[-3000:]
@@ -106,16 +108,38 @@ def test_only_the_stub_publishes_a_jax_entry_point_and_importing_it_imports_no_j
     ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="jax_plugins")
             if ep.dist is not None and ep.dist.metadata["Name"].startswith("pjrt-plugin")}
     # JAX has its own CPU, CUDA and TPU support: our cpu, gpu and tpu backends must not register again.
-    assert ours == {"stub_neuron": "pjrt_plugin_stub_neuron.jax_plugin"}
+    # The tpu backend's entry point registers no platform: it only prepares libtpu's environment.
+    assert ours == {"stub_neuron": "pjrt_plugin_stub_neuron.jax_plugin", "pjrt_plugin_tpu": "pjrt_plugin_tpu.jax_plugin"}
     result = run_jax(
         """
-        import sys, pjrt_plugin_stub_neuron.jax_plugin as module
-        assert callable(module.initialize)
+        import sys, pjrt_plugin_stub_neuron.jax_plugin as module, pjrt_plugin_tpu.jax_plugin as tpu
+        assert callable(module.initialize) and callable(tpu.initialize)
         print(sorted(m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jaxlib"))))
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_the_tpu_entry_point_registers_nothing_and_gives_libtpu_one_host_off_tpu_hosts():
+    result = run_jax(
+        """
+        import os, jax
+        from jax._src import xla_bridge
+        jax.devices()
+        print(sorted(xla_bridge._backend_factories))
+        print(os.environ.get("TPU_WORKER_HOSTNAMES"), os.environ.get("TPU_HOST_BOUNDS"))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    platforms, topology = result.stdout.strip().splitlines()
+    assert "pjrt_plugin_tpu" not in platforms and "tpu" in platforms  # JAX's own TPU factory, nothing of ours
+    if count_tpu_chips() == 0:
+        assert topology == "localhost 1,1,1"
+        for text in ("could not determine", "unexpected worker hostname", "E0000"):
+            assert text not in result.stderr, result.stderr[-3000:]
+    else:
+        assert topology == "None None"  # a TPU host keeps the metadata server's topology
 
 
 def test_register_with_jax_refuses_a_name_jax_owns_and_skips_one_it_has():
