@@ -22,8 +22,12 @@ alike, and the load average is printed. After the table: programs per step, and 
 counts of each side's optimized step program (HLO text: ours from the plugin, torchax from jax; PyTorch/XLA's is not
 read). Measures only; never asserts a timing.
 
+``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (with GSPMD shardings) for
+each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both programs on both compilers (the plugin's XLA and
+jaxlib's), which tells a slower program from a slower compiler.
+
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
-     [--meshes data,megatron]
+     [--meshes data,megatron] [--dump-programs DIR]
 """
 
 from __future__ import annotations
@@ -217,7 +221,7 @@ def torch_xla_worker(mesh_name: str) -> int:
                           lambda words: side.run(int(words[1])))
 
 
-def torchax_worker(mesh_name: str) -> int:
+def torchax_worker(mesh_name: str, dump: str | None = None) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -271,6 +275,13 @@ def torchax_worker(mesh_name: str) -> int:
     train = jax.jit(step, in_shardings=(state_sharding, data, data),
                     out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=(0,))
     hlo = train.lower(state, ids, labels).compile().as_text()
+    if dump:  # StableHLO with GSPMD shardings, which the CPU plugin's XLA compiles too (xla_cross_compile.py)
+        from jax._src import config as jax_config
+
+        with jax_config.use_shardy_partitioner(False):
+            text = train.lower(state, ids, labels).as_text()
+        with open(os.path.join(dump, f"torchax-{mesh_name}.mlir"), "w") as f:
+            f.write(text)
     loss = None
     for _ in range(2):
         state, loss = train(state, ids, labels)
@@ -339,7 +350,8 @@ def compare(args: argparse.Namespace) -> None:
                       f"{w.info['transformers']}), mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s", flush=True)
             if args.torchax_python:
                 t0 = time.perf_counter()
-                w = Worker(__file__, ["--mesh", mesh], flag="--torchax-worker", python=args.torchax_python,
+                dump = ["--dump-programs", args.dump_programs] if args.dump_programs else []
+                w = Worker(__file__, ["--mesh", mesh, *dump], flag="--torchax-worker", python=args.torchax_python,
                            env=torchax_env())
                 workers.append(w)
                 sides[(TORCHAX, mesh)] = w
@@ -352,6 +364,10 @@ def compare(args: argparse.Namespace) -> None:
                 sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled)
                 new = [p for k, p in _our_programs().items() if k not in known]
                 hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
+                if args.dump_programs and compiled and new:
+                    step = max(new, key=lambda p: len(p.lowered.text))
+                    with open(os.path.join(args.dump_programs, f"ours-compiled-{mesh}.mlir"), "w") as f:
+                        f.write(step.lowered.text)
                 print(f"{name}, mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s ({len(new)} programs compiled)",
                       flush=True)
         results: dict[tuple[str, str], dict[str, list]] = {}
@@ -423,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchax-python", default=os.environ.get("TORCHAX_PYTHON"),
                         help="an interpreter from benchmarks/envs/torchax-venv.sh (default: $TORCHAX_PYTHON; "
                              "none: skip it)")
+    parser.add_argument("--dump-programs", default=None, metavar="DIR",
+                        help="write the StableHLO of our compiled step and of torchax's step (GSPMD shardings) per "
+                             "mesh into DIR, for xla_cross_compile.py")
     parser.add_argument("--mesh", default="data", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torchax-worker", action="store_true", help=argparse.SUPPRESS)
@@ -431,10 +450,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_xla_worker:
         return torch_xla_worker(args.mesh)
     if args.torchax_worker:
-        return torchax_worker(args.mesh)
+        return torchax_worker(args.mesh, args.dump_programs)
     unknown = set(args.meshes.split(",")) - set(MESHES)
     if unknown:
         parser.error(f"unknown meshes {sorted(unknown)}; choose from {sorted(MESHES)}")
+    if args.dump_programs:
+        os.makedirs(args.dump_programs, exist_ok=True)
+        args.dump_programs = os.path.abspath(args.dump_programs)
     compare(args)
     return 0
 
