@@ -177,20 +177,17 @@ class TorchSide:
 
 
 def _last_run_split() -> dict[str, float]:
-    """Seconds of the last program's cache key and bookkeeping after it (the engine's timers; empty if it moved)."""
-    try:
-        from pjrt_plugins.spmd import _lazy
-    except ImportError:
-        return {}
-    timings = getattr(_lazy, "last_run_timings", None)
-    return dict(timings()) if timings is not None else {}
+    """Seconds of the last program's cache key and bookkeeping after it (the engine's timers)."""
+    from pjrt_plugins.spmd import trace
+
+    return dict(trace.last_run_timings())
 
 
 def _our_programs() -> dict[Any, Any]:
     """The programs in our compile cache by key (to find those a side compiled)."""
-    from pjrt_plugins.spmd import _executor
+    from pjrt_plugins.spmd import execution
 
-    return dict(_executor._cache.programs)
+    return dict(execution.PROGRAMS.programs)
 
 
 def _largest_hlo(programs: list[Any]) -> str:

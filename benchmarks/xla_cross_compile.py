@@ -84,14 +84,14 @@ def plugin_runner(text: str) -> Callable[[], None]:
     vd = xs.virtual_device()
     exe = vd.client.compile(text, CompileOptions(num_replicas=1, num_partitions=DEVICES, use_spmd_partitioning=True,
                                                  device_assignment=[list(vd.device_assignment)]))
-    devices = {int(d.id): d for d in vd.devices}
-    per_device: dict[int, list[Any]] = {i: [] for i in devices}
+    per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
     for shape, dtype, sharding in arguments(text):
         value = _value(shape, dtype)
-        for shard in xs.parse_sharding(sharding).shards(shape, list(devices)):
+        for shard in xs.parse_sharding(sharding).shards(shape, vd.device_ids):
             piece = value if shard.indices is Ellipsis else value[shard.indices]
-            per_device[shard.device].append(vd.client.buffer_from_host(piece, devices[shard.device]))
-    args = [per_device[int(d.id)] for d in exe.addressable_devices]
+            per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
+    ordinal_of = {int(d.id): ordinal for ordinal, d in enumerate(vd.devices)}
+    args = [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
 
     def run() -> None:
         outputs = exe.execute(args)
