@@ -1,0 +1,462 @@
+"""A transformers Llama training step on 8 CPU devices: ours eager and compiled, against PyTorch/XLA 2.9 and torchax.
+
+The model is transformers' ``LlamaForCausalLM`` built from its config (4 layers, hidden 128, 4 query heads sharing
+2 key/value heads, MLP 512, vocabulary 512; ``use_cache=False``, since a training step needs no KV cache and
+``torch.compile`` fails with it today), batch 8 x 64 tokens without an attention mask, the model's own
+cross-entropy loss, AdamW (lr 1e-3, weight decay 0.01). Two meshes: ``(8,)`` data-parallel (the batch sharded), and
+``(2, 4)`` data x model with the MLP Megatron-sharded (gate and up projections by rows, down projection by
+columns). Every side starts from the same weights (numpy, seeded) and data, so their losses agree.
+
+- ours: the model on ``pjrt:0`` (pjrt-plugin-cpu, 8 devices), ``xs.sync()`` per step, eager and under
+  ``torch.compile(backend="pjrt")``. Our step is split into Python (the step's wall time outside the executables),
+  execute (inside them), and the key and after of its last program (``last_run_timings``);
+- PyTorch/XLA 2.9 (``--torch-xla-python``, an interpreter with torch_xla 2.9 and transformers, e.g. from
+  ``../shared/tools/torch-xla-2.9-venv.sh`` plus ``pip install transformers==5.24.0``): the same module,
+  ``xm.mark_step()`` then ``xm.wait_device_ops()``;
+- torchax (``--torchax-python``, an interpreter from ``benchmarks/envs/torchax-venv.sh``): the same module run by
+  torchax under ``jax.jit`` (``torch.func.functional_call`` viewed as a jax function, ``jax.value_and_grad``, torch's
+  AdamW update written in jax), weights and batch placed with ``NamedSharding``.
+
+Peers run in worker processes (one XLA runtime per process); rounds interleave so machine load hits every side
+alike, and the load average is printed. After the table: programs per step, and the collective, fusion and dot
+counts of each side's optimized step program (HLO text: ours from the plugin, torchax from jax; PyTorch/XLA's is not
+read). Measures only; never asserts a timing.
+
+``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (with GSPMD shardings) for
+each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both programs on both compilers (the plugin's XLA and
+jaxlib's), which tells a slower program from a slower compiler.
+
+Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
+     [--meshes data,megatron] [--dump-programs DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+from typing import Any
+
+from _measure import Table, Worker, serve_commands
+
+VOCAB = 512
+HIDDEN = 128
+LAYERS = 4
+HEADS, KV_HEADS = 4, 2
+MLP = 512
+BATCH, SEQ = 8, 64
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 1e-2
+MESHES = {"data": ((8,), ("data",)), "megatron": ((2, 4), ("data", "model"))}
+#: Partition specs of the Megatron-sharded weights by name suffix (others are replicated), on the megatron mesh.
+MEGATRON = {"mlp.gate_proj.weight": ("model", None), "mlp.up_proj.weight": ("model", None),
+            "mlp.down_proj.weight": (None, "model")}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def llama_config() -> Any:
+    import transformers
+
+    return transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP,
+                                    num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                    num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ, use_cache=False)
+
+
+def build_model() -> Any:
+    """The Llama on the CPU with the same weights on every side (numpy, seeded; norms start at one)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    model = transformers.LlamaForCausalLM(llama_config())
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.from_numpy((rng.standard_normal(tuple(p.shape)) * 0.02).astype(np.float32)))
+    return model
+
+
+def batch() -> tuple[Any, Any]:
+    """Token ids (the labels are the same ids: the model shifts them) as numpy int64."""
+    import numpy as np
+
+    tokens = np.random.default_rng(1).integers(0, VOCAB, (BATCH, SEQ))
+    return tokens, tokens.copy()
+
+
+def spec_of(name: str, mesh: str) -> tuple | None:
+    """The partition spec of a parameter on ``mesh``; None when it is replicated."""
+    if mesh == "megatron":
+        for suffix, spec in MEGATRON.items():
+            if name.endswith(suffix):
+                return spec
+    return None
+
+
+def hlo_counts(text: str) -> dict[str, int]:
+    """Collectives (by kind, async starts included), fusions, dots and custom calls in optimized HLO text."""
+    counts = {kind: len(re.findall(rf"\s{kind}(?:-start)?\(", text)) for kind in COLLECTIVES}
+    counts["fusion"] = len(re.findall(r"\sfusion\(", text))
+    counts["dot"] = len(re.findall(r"\sdot\(", text))
+    counts["custom-call"] = len(re.findall(r"\scustom-call\(", text))
+    return counts
+
+
+# -- torch sides: ours (pjrt) and PyTorch/XLA ---------------------------------------------------------
+
+
+class TorchSide:
+    """One torch training loop on ``pjrt`` (ours, eager or compiled) or ``xla`` (PyTorch/XLA)."""
+
+    def __init__(self, kind: str, mesh_name: str, compiled: bool = False) -> None:
+        import torch
+
+        self.kind = kind
+        shape, axes = MESHES[mesh_name]
+        ids, labels = (torch.from_numpy(a) for a in batch())
+        model = build_model()
+        self.sync = self.wait = lambda: None
+        if kind == "pjrt":
+            import pjrt_plugins.spmd as xs
+
+            self.xs = xs
+            xs.set_plugin("cpu", options={"cpu_device_count": 8})
+            device, mark, mesh = "pjrt", xs.mark_sharding, xs.Mesh(range(8), shape, axes)
+            self.sync = xs.sync
+        else:
+            import torch_xla.core.xla_model as xm
+            import torch_xla.distributed.spmd as xxs
+            import torch_xla.runtime as xr
+
+            xr.use_spmd()
+            device, mark, mesh = xm.xla_device(), xxs.mark_sharding, xxs.Mesh(list(range(8)), shape, axes)
+            self.sync, self.wait = xm.mark_step, xm.wait_device_ops
+        self.model = model.to(device)
+        for name, p in self.model.named_parameters():
+            spec = spec_of(name, mesh_name)
+            if spec is not None:
+                mark(p, mesh, spec)
+        self.ids, self.labels = ids.to(device), labels.to(device)
+        for t in (self.ids, self.labels):
+            mark(t, mesh, ("data", None))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+        self.forward = torch.compile(self.model, backend="pjrt") if compiled else self.model
+        self.loss = None
+        self.run(2)  # the first step makes the optimizer state; the second runs the steady-state program(s)
+
+    def run(self, steps: int) -> dict[str, Any]:
+        clock = time.perf_counter
+        out: dict[str, list] = {"times": [], "execute": [], "programs": [], "ops": [], "key": [], "after": []}
+        pjrt = self.kind == "pjrt"
+        for _ in range(steps):
+            before = self.xs.metrics() if pjrt else None
+            t0 = clock()
+            loss = self.forward(input_ids=self.ids, labels=self.labels).loss
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad()
+            self.sync()
+            self.wait()
+            out["times"].append(clock() - t0)
+            if pjrt:
+                after = self.xs.metrics()
+                out["execute"].append(after.execute_seconds - before.execute_seconds)
+                out["programs"].append(after.executions - before.executions)
+                out["ops"].append(after.ops_recorded - before.ops_recorded)
+                split = _last_run_split()
+                out["key"].append(split.get("key", float("nan")))
+                out["after"].append(split.get("after", float("nan")))
+            self.loss = loss
+        out["loss"] = [float(self.loss.item())]
+        return out
+
+
+def _last_run_split() -> dict[str, float]:
+    """Seconds of the last program's cache key and bookkeeping after it (the engine's timers)."""
+    from pjrt_plugins.spmd import trace
+
+    return dict(trace.last_run_timings())
+
+
+def _our_programs() -> dict[Any, Any]:
+    """The programs in our compile cache by key (to find those a side compiled)."""
+    from pjrt_plugins.spmd import execution
+
+    return dict(execution.PROGRAMS.programs)
+
+
+def _largest_hlo(programs: list[Any]) -> str:
+    """The optimized HLO text of the largest of ``programs`` (the training step's)."""
+    from jaxlib import xla_client
+
+    texts = []
+    for program in programs:
+        try:
+            proto = program.executable.optimized_hlo_module()
+        except (AttributeError, NotImplementedError, ValueError):
+            continue
+        texts.append(xla_client.hlo.HloModule.from_serialized_hlo_module_proto(proto).to_string())
+    return max(texts, key=len, default="")
+
+
+# -- workers ------------------------------------------------------------------------------------------
+
+
+def torch_xla_worker(mesh_name: str) -> int:
+    import torch
+    import torch_xla
+    import transformers
+
+    side = TorchSide("xla", mesh_name)
+    return serve_commands({"version": torch_xla.__version__, "torch": torch.__version__,
+                           "transformers": transformers.__version__},
+                          lambda words: side.run(int(words[1])))
+
+
+def torchax_worker(mesh_name: str, dump: str | None = None) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import torchax
+    import transformers
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from torchax.interop import jax_view
+
+    shape, axes = MESHES[mesh_name]
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), axes)
+    model = build_model()
+    names = [n for n, _ in model.named_parameters()]
+    params = {n: p.detach().numpy() for n, p in model.named_parameters()}
+    torchax.enable_globally()
+    model.to("jax")
+    buffers = {n: jax_view(b) for n, b in model.named_buffers()}
+
+    def shard(name: str) -> NamedSharding:
+        return NamedSharding(mesh, P(*(spec_of(name, mesh_name) or ())))
+
+    p = {n: jax.device_put(params[n], shard(n)) for n in names}
+    data = NamedSharding(mesh, P("data", None))
+    ids, labels = (jax.device_put(a, data) for a in batch())
+
+    def loss_torch(weights: dict, bufs: dict, ids: Any, labels: Any) -> Any:
+        return torch.func.functional_call(model, {**weights, **bufs}, (), {"input_ids": ids, "labels": labels}).loss
+
+    loss_jax = jax_view(loss_torch)
+
+    def step(state: dict, ids: Any, labels: Any) -> tuple[dict, Any]:
+        loss, grads = jax.value_and_grad(loss_jax)(state["p"], buffers, ids, labels)
+        t = state["t"] + 1
+        b1, b2 = BETAS
+
+        def adamw(w, g, m, v):  # torch.optim.AdamW's update
+            w = w * (1 - LR * WEIGHT_DECAY)
+            m = m + (g - m) * (1 - b1)
+            v = v * b2 + (1 - b2) * g * g
+            denom = jnp.sqrt(v) / jnp.sqrt(1 - b2 ** t) + EPS
+            return w - (LR / (1 - b1 ** t)) * m / denom, m, v
+
+        new = {k: adamw(state["p"][k], grads[k], state["m"][k], state["v"][k]) for k in grads}
+        return ({"p": {k: n[0] for k, n in new.items()}, "m": {k: n[1] for k, n in new.items()},
+                 "v": {k: n[2] for k, n in new.items()}, "t": t}, loss)
+
+    shardings = {n: shard(n) for n in names}
+    state_sharding = {"p": shardings, "m": shardings, "v": shardings, "t": NamedSharding(mesh, P())}
+    state = {"p": p, "m": jax.tree.map(jnp.zeros_like, p), "v": jax.tree.map(jnp.zeros_like, p),
+             "t": jnp.zeros((), jnp.float32)}
+    train = jax.jit(step, in_shardings=(state_sharding, data, data),
+                    out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=(0,))
+    hlo = train.lower(state, ids, labels).compile().as_text()
+    if dump:  # StableHLO with GSPMD shardings, which the CPU plugin's XLA compiles too (xla_cross_compile.py)
+        from jax._src import config as jax_config
+
+        with jax_config.use_shardy_partitioner(False):
+            text = train.lower(state, ids, labels).as_text()
+        with open(os.path.join(dump, f"torchax-{mesh_name}.mlir"), "w") as f:
+            f.write(text)
+    loss = None
+    for _ in range(2):
+        state, loss = train(state, ids, labels)
+    loss.block_until_ready()
+
+    def run(command: list[str]) -> dict:
+        nonlocal state, loss
+        times, dispatch = [], []
+        for _ in range(int(command[1])):
+            t0 = time.perf_counter()
+            state, loss = train(state, ids, labels)
+            t1 = time.perf_counter()
+            loss.block_until_ready()
+            times.append(time.perf_counter() - t0)
+            dispatch.append(t1 - t0)
+        return {"times": times, "dispatch": dispatch, "loss": [float(loss)]}
+
+    return serve_commands({"version": torchax.__version__, "jax": jax.__version__, "torch": torch.__version__,
+                           "transformers": transformers.__version__, "hlo": hlo_counts(hlo)}, run)
+
+
+def torchax_env() -> dict[str, str]:
+    return {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore",
+            "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()}
+
+
+def torch_xla_env() -> dict[str, str]:
+    return {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore",
+            "XLA_USE_SPMD": "1"}
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+
+def _ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+def _load() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+EAGER, COMPILED, XLA, TORCHAX = "ours eager", "ours torch.compile", "PyTorch/XLA", "torchax"
+
+
+def compare(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    meshes = args.meshes.split(",")
+    print(f"transformers {transformers.__version__} LlamaForCausalLM: {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads "
+          f"({KV_HEADS} key/value), MLP {MLP}, vocab {VOCAB}; batch {BATCH}x{SEQ}, AdamW; meshes {meshes} over 8 CPU "
+          f"devices; torch {torch.__version__}; {os.cpu_count()} cpus, {_load()}", flush=True)
+    sides: dict[tuple[str, str], Any] = {}
+    workers: list[Worker] = []
+    hlo: dict[tuple[str, str], dict[str, int]] = {}
+    try:
+        for mesh in meshes:
+            if args.torch_xla_python:
+                t0 = time.perf_counter()
+                w = Worker(__file__, ["--mesh", mesh], flag="--torch-xla-worker", python=args.torch_xla_python,
+                           env=torch_xla_env())
+                workers.append(w)
+                sides[(XLA, mesh)] = w
+                print(f"PyTorch/XLA {w.info['version']} (torch {w.info['torch']}, transformers "
+                      f"{w.info['transformers']}), mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s", flush=True)
+            if args.torchax_python:
+                t0 = time.perf_counter()
+                dump = ["--dump-programs", args.dump_programs] if args.dump_programs else []
+                w = Worker(__file__, ["--mesh", mesh, *dump], flag="--torchax-worker", python=args.torchax_python,
+                           env=torchax_env())
+                workers.append(w)
+                sides[(TORCHAX, mesh)] = w
+                hlo[(TORCHAX, mesh)] = w.info["hlo"]
+                print(f"torchax {w.info['version']} (jax {w.info['jax']}, torch {w.info['torch']}), mesh {mesh}: "
+                      f"ready in {time.perf_counter() - t0:.1f} s", flush=True)
+            for name, compiled in ((EAGER, False), (COMPILED, True)):
+                t0 = time.perf_counter()
+                known = _our_programs()
+                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled)
+                new = [p for k, p in _our_programs().items() if k not in known]
+                hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
+                if args.dump_programs and compiled and new:
+                    step = max(new, key=lambda p: len(p.lowered.text))
+                    with open(os.path.join(args.dump_programs, f"ours-compiled-{mesh}.mlir"), "w") as f:
+                        f.write(step.lowered.text)
+                print(f"{name}, mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s ({len(new)} programs compiled)",
+                      flush=True)
+        results: dict[tuple[str, str], dict[str, list]] = {}
+        for r in range(args.rounds):
+            for key, side in sides.items():
+                got = side.request("run", args.steps) if isinstance(side, Worker) else side.run(args.steps)
+                acc = results.setdefault(key, {})
+                for k, v in got.items():
+                    acc.setdefault(k, []).extend(v)
+            print(f"  round {r + 1} ({_load()}): " + ", ".join(
+                f"{n} {m} {_ms(results[(n, m)]['times'][-args.steps:]):.1f} ms" for n, m in results), flush=True)
+    finally:
+        for w in workers:
+            w.close()
+
+    print()
+    names = [n for n in (EAGER, COMPILED, XLA, TORCHAX) if any(k[0] == n for k in results)]
+    table = Table([("mesh", 10, ""), *((f"{n} ms", max(len(n) + 3, 9), ".1f") for n in names)])
+    print("median step time")
+    print(table.header())
+    for mesh in meshes:
+        print(table.row(mesh, *(_ms(results[(n, mesh)]["times"]) if (n, mesh) in results else float("nan")
+                                for n in names)))
+    print()
+    print("ratios (ours / side, same run)")
+    peers = [n for n in (XLA, TORCHAX) if n in names]
+    ratio_table = Table([("mesh", 10, ""), *((f"{o} / {p}", len(o) + len(p) + 3, ".2f")
+                                              for o in (EAGER, COMPILED) for p in peers)])
+    print(ratio_table.header())
+    for mesh in meshes:
+        print(ratio_table.row(mesh, *(_ms(results[(o, mesh)]["times"]) / _ms(results[(p, mesh)]["times"])
+                                      for o in (EAGER, COMPILED) for p in peers)))
+    print()
+    print("our step split (medians): python = step - execute; key and after are those of the step's last program")
+    split_table = Table([("side", 30, ""), ("step ms", 8, ".1f"), ("execute", 8, ".1f"), ("python", 8, ".1f"),
+                         ("key", 7, ".2f"), ("after", 7, ".2f"), ("programs", 9, ".0f"), ("ops", 6, ".0f")])
+    print(split_table.header())
+    for (name, mesh), r in results.items():
+        if name not in (EAGER, COMPILED):
+            continue
+        python = [t - e for t, e in zip(r["times"], r["execute"])]
+        print(split_table.row(f"{name}, {mesh}", _ms(r["times"]), _ms(r["execute"]), _ms(python), _ms(r["key"]),
+                              _ms(r["after"]), statistics.median(r["programs"]), statistics.median(r["ops"])))
+    if any(k[0] == TORCHAX for k in results):
+        for mesh in meshes:
+            r = results[(TORCHAX, mesh)]
+            print(f"torchax, {mesh}: step {_ms(r['times']):.1f} ms, dispatch {_ms(r['dispatch']):.1f} ms, "
+                  f"executable {_ms([t - d for t, d in zip(r['times'], r['dispatch'])]):.1f} ms after dispatch")
+    print()
+    print("optimized step program (largest one of the side): instruction counts")
+    kinds = [*COLLECTIVES, "fusion", "dot", "custom-call"]
+    hlo_table = Table([("side", 30, ""), *((k, max(len(k), 5), "d") for k in kinds)])
+    print(hlo_table.header())
+    for (name, mesh), counts in hlo.items():
+        if counts:
+            print(hlo_table.row(f"{name}, {mesh}", *(counts.get(k, 0) for k in kinds)))
+    print("last losses: " + ", ".join(f"{n} {m} {r['loss'][-1]:.5f}" for (n, m), r in results.items()))
+    print(f"done ({_load()})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="steps per round and side")
+    parser.add_argument("--meshes", default="data,megatron", help="comma-separated: data, megatron")
+    parser.add_argument("--torch-xla-python", default=os.environ.get("TORCH_XLA_PYTHON"),
+                        help="an interpreter with torch_xla 2.9 and transformers (default: $TORCH_XLA_PYTHON; "
+                             "none: skip it)")
+    parser.add_argument("--torchax-python", default=os.environ.get("TORCHAX_PYTHON"),
+                        help="an interpreter from benchmarks/envs/torchax-venv.sh (default: $TORCHAX_PYTHON; "
+                             "none: skip it)")
+    parser.add_argument("--dump-programs", default=None, metavar="DIR",
+                        help="write the StableHLO of our compiled step and of torchax's step (GSPMD shardings) per "
+                             "mesh into DIR, for xla_cross_compile.py")
+    parser.add_argument("--mesh", default="data", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--torchax-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models from configs: nothing to download
+    if args.torch_xla_worker:
+        return torch_xla_worker(args.mesh)
+    if args.torchax_worker:
+        return torchax_worker(args.mesh, args.dump_programs)
+    unknown = set(args.meshes.split(",")) - set(MESHES)
+    if unknown:
+        parser.error(f"unknown meshes {sorted(unknown)}; choose from {sorted(MESHES)}")
+    if args.dump_programs:
+        os.makedirs(args.dump_programs, exist_ok=True)
+        args.dump_programs = os.path.abspath(args.dump_programs)
+    compare(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The same StableHLO programs compiled by two XLAs: the CPU plugin's and jaxlib's, to tell program from compiler.
+
+When our step's executable is slower than another system's (``hf_step.py``: ours against torchax), either our
+program is worse or the plugin's XLA (xla-cpu-pjrt, PJRT C API 0.81) compiles it worse than jaxlib's. This script
+runs each given module on both, on 8 CPU devices, in worker processes with rounds interleaved:
+
+- "plugin XLA": compiled and run through ``pjrt_plugins`` on pjrt-plugin-cpu;
+- "jaxlib XLA": compiled and run by jaxlib's own CPU client;
+- "jaxlib XLA, no YNN fusions": the same with ``--xla_cpu_experimental_ynn_fusion_type=`` (jaxlib 0.10.2 fuses
+  dots and reductions into YNNPACK kernels, which the plugin's XLA does not have).
+
+The modules are StableHLO text with GSPMD shardings (``mhlo.sharding``) for 8 partitions, such as those
+``hf_step.py --dump-programs DIR`` writes (ours, torchax's). Donation attributes are dropped, so the inputs (0.01
+for floats, zeros otherwise; the values do not change the work) are reused across calls. Each cell is the median
+of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures only.
+
+Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _measure import Table, Worker, serve_commands
+
+DEVICES = 8
+_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32",
+           "i8": "int8", "i1": "bool", "ui8": "uint8", "ui32": "uint32", "ui64": "uint64"}
+
+
+def prepare(text: str) -> str:
+    """The module without its donation attributes (our timing loop reuses the inputs)."""
+    donation = r"(tf\.aliasing_output = \d+ : i32|jax\.buffer_donor = true)"
+    text = re.sub(rf"\s*\{{{donation}\}}", "", text)
+    text = re.sub(rf",\s*{donation}", "", text)
+    return re.sub(rf"\{{\s*{donation}\s*,\s*", "{", text)
+
+
+def arguments(text: str) -> list[tuple[tuple[int, ...], str, str]]:
+    """``(shape, numpy dtype name, HLO sharding)`` of each argument of ``@main``."""
+    start = text.index("func.func public @main(") + len("func.func public @main")
+    depth, end = 0, start
+    while True:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+        if depth == 0:
+            break
+    out = []
+    for chunk in text[start:end].split("%arg")[1:]:
+        match = re.match(r"\d+: tensor<([^>]*)>", chunk)
+        if match is None:
+            raise ValueError(f"cannot read the argument type in {chunk[:80]!r}")
+        *dims, element = match.group(1).split("x")
+        sharding = re.search(r'mhlo\.sharding = "([^"]*)"', chunk)
+        out.append((tuple(int(d) for d in dims), _DTYPES[element], sharding.group(1) if sharding else "{replicated}"))
+    return out
+
+
+def _value(shape: tuple[int, ...], dtype: str) -> Any:
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.full(shape, 0.01, ml_dtypes.bfloat16)
+    return np.full(shape, 0.01, dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
+
+
+def plugin_runner(text: str) -> Callable[[], None]:
+    """``text`` compiled by the CPU plugin's XLA through pjrt_plugins; a call runs it and drops the outputs."""
+    import pjrt_plugins.spmd as xs
+    from pjrt_plugins.runtime import CompileOptions
+
+    xs.set_plugin("cpu", options={"cpu_device_count": DEVICES})
+    vd = xs.virtual_device()
+    exe = vd.client.compile(text, CompileOptions(num_replicas=1, num_partitions=DEVICES, use_spmd_partitioning=True,
+                                                 device_assignment=[list(vd.device_assignment)]))
+    per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
+    for shape, dtype, sharding in arguments(text):
+        value = _value(shape, dtype)
+        for shard in xs.parse_sharding(sharding).shards(shape, vd.device_ids):
+            piece = value if shard.indices is Ellipsis else value[shard.indices]
+            per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
+    ordinal_of = {int(d.id): ordinal for ordinal, d in enumerate(vd.devices)}
+    args = [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
+
+    def run() -> None:
+        outputs = exe.execute(args)
+        del outputs
+
+    return run
+
+
+def jaxlib_runner(text: str) -> Callable[[], None]:
+    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it and waits for it."""
+    import jax
+    import numpy as np
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client as xc
+    from jax._src.sharding_impls import GSPMDSharding
+
+    jax.config.update("jax_enable_x64", True)  # int64 inputs stay int64
+    devices = jax.devices()[:DEVICES]
+    options = xc.CompileOptions()
+    build = options.executable_build_options
+    build.num_replicas, build.num_partitions, build.use_spmd_partitioning = 1, DEVICES, True
+    build.device_assignment = xc.DeviceAssignment.create(np.arange(DEVICES).reshape(1, DEVICES))
+    exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
+    arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
+              for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
+
+    def run() -> None:
+        for pieces in exe.execute_sharded(arrays).disassemble_into_single_device_arrays():
+            for piece in pieces:
+                piece.block_until_ready()
+
+    return run
+
+
+def worker(kind: str, paths: list[str]) -> int:
+    make = plugin_runner if kind == "plugin" else jaxlib_runner
+    runners = {path: make(prepare(Path(path).read_text())) for path in paths}
+    for run in runners.values():
+        run()
+        run()
+
+    def handle(words: list[str]) -> dict:
+        run = runners[words[1]]
+        times = []
+        for _ in range(int(words[2])):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        return {"ms": statistics.median(times) * 1e3}
+
+    return serve_commands({"ready": len(runners)}, handle)
+
+
+COMPILERS = {
+    "plugin XLA": ("plugin", {}),
+    "jaxlib XLA": ("jaxlib", {}),
+    "jaxlib XLA, no YNN fusions": ("jaxlib", {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="+", help="StableHLO text files (GSPMD shardings, 8 partitions)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5, help="calls per round, module and compiler")
+    parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    paths = [str(Path(p).resolve()) for p in args.modules]
+    if args.worker:
+        return worker(args.worker, paths)
+    print(f"{len(paths)} modules on {DEVICES} CPU devices; {os.cpu_count()} cpus, load "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+    workers: dict[str, Worker] = {}
+    try:
+        for name, (kind, env) in COMPILERS.items():
+            flags = " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={DEVICES}",
+                              env.get("XLA_FLAGS", "")]).strip()
+            extra = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"} if kind == "jaxlib" else {}
+            t0 = time.perf_counter()
+            workers[name] = Worker(__file__, paths, flag=f"--worker={kind}", python=sys.executable, env=extra)
+            print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+        results: dict[tuple[str, str], list[float]] = {}
+        for r in range(args.rounds):
+            for name, w in workers.items():
+                for path in paths:
+                    results.setdefault((name, path), []).append(w.request("run", path, args.calls)["ms"])
+            print(f"  round {r + 1}: load " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+    table = Table([("module", 36, ""), *((f"{name} ms", len(name) + 3, ".1f") for name in COMPILERS)])
+    print()
+    print(table.header())
+    for path in paths:
+        print(table.row(Path(path).name, *(statistics.median(results[(name, path)]) for name in COMPILERS)))
+    print(json.dumps({Path(p).name: {n: results[(n, p)] for n in COMPILERS} for p in paths}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
