@@ -23,7 +23,7 @@ def test_logical_mesh_is_the_ids_reshaped_row_major():
 def test_get_op_sharding_returns_our_sharding_spec():
     mesh = xs.Mesh(range(8), (2, 4), ("x", "y"))
     spec = mesh.get_op_sharding(("x", None))
-    assert isinstance(spec, xs.ShardingSpec)
+    assert isinstance(spec, xs.OpSharding)
     assert str(spec) == "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
     assert spec.type is xs.ShardingType.PARTIAL
     with pytest.raises(ShardingError, match="rank 3"):

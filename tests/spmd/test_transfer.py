@@ -16,7 +16,7 @@ from pjrt_plugins.spmd.transport import _transfer
 from pjrt_plugins.spmd.frontend import unwrap
 
 
-def _padded_bytes(t: torch.Tensor, spec: xs.ShardingSpec) -> int:
+def _padded_bytes(t: torch.Tensor, spec: xs.OpSharding) -> int:
     return math.prod(spec.shard_shape(tuple(t.shape))) * t.element_size()
 
 
@@ -114,7 +114,7 @@ def test_unmarked_tensor_used_in_a_computation_is_uploaded_replicated(any_device
     data = unwrap(p)
     assert data.state is xs_state("HOST")
     transport.upload(data, data.annotation)
-    assert data.state is xs_state("DEVICE") and data.sharding == xs.ShardingSpec.replicated()
+    assert data.state is xs_state("DEVICE") and data.sharding == xs.OpSharding.replicated()
     assert xs.transfer_counters().uploaded == {d: t.nbytes for d in range(n)}
     assert p.sharding_spec == ""  # nothing was declared
     transport.upload(data, None)  # already there: no second transfer

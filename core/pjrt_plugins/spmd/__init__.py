@@ -33,7 +33,7 @@ from .devices import (
 )
 from .frontend import TORCH_DEVICE, XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
 from .frontend import engine as _engine
-from .sharding import Mesh, Shard, ShardingSpec, ShardingType, parse_sharding, parse_tuple_sharding
+from .sharding import Mesh, OpSharding, Shard, ShardingType, parse_sharding, parse_tuple_sharding
 
 if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
     from .execution import clear_compile_cache, set_cache_dir
@@ -43,10 +43,10 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
 __all__ = [
     "Mesh",
     "Metrics",
+    "OpSharding",
     "Shard",
     "ShardingConflictError",
     "ShardingError",
-    "ShardingSpec",
     "ShardingType",
     "SpmdDisabledError",
     "TransferCounters",

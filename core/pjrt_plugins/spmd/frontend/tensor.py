@@ -20,7 +20,7 @@ from torch.utils import _foreach_utils
 
 from ...errors import VirtualDeviceError
 from ..devices import virtual_device
-from ..sharding import Mesh, ShardingSpec, ShardingType
+from ..sharding import Mesh, OpSharding, ShardingType
 from ..transport import TensorData, TensorState, download_shard, gather, host_empty, upload
 from . import _seam
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
@@ -99,8 +99,8 @@ class XLAShardedTensor(torch.Tensor):
     # -- what PyTorch/XLA users read -------------------------------------------------------
 
     @property
-    def sharding(self) -> ShardingSpec | None:
-        """The declared sharding as a :class:`ShardingSpec`, or ``None``."""
+    def sharding(self) -> OpSharding | None:
+        """The declared sharding as a :class:`OpSharding`, or ``None``."""
         return self._pjrt_data.annotation
 
     @property

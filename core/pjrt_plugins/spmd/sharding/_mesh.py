@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShardingError
-from ._hlo_sharding import ShardingSpec
+from ._hlo_sharding import OpSharding
 from ._partition_spec import PartitionSpec, as_int, normalize_partition_spec
 
 __all__ = ["Mesh"]
@@ -104,18 +104,18 @@ class Mesh:
             raise ShardingError(f"unknown mesh axis name {name!r}; the mesh axes are {self.axis_names}")
         return self.axis_names.index(name)
 
-    def get_op_sharding(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> ShardingSpec:
-        """The :class:`ShardingSpec` a partition spec gives on this mesh (``str()`` of it is the HLO string).
+    def get_op_sharding(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> OpSharding:
+        """The :class:`OpSharding` a partition spec gives on this mesh (``str()`` of it is the HLO string).
 
-        PyTorch/XLA returns its C++ ``OpSharding`` here; we return our own
-        :class:`ShardingSpec`, which prints as the same HLO sharding string and
-        also answers shard geometry questions. ``rank``, if given, must equal
-        ``len(partition_spec)``.
+        PyTorch/XLA returns its C++ ``torch_xla._XLAC.OpSharding`` here; ours is the
+        Python :class:`OpSharding` of the same name, which prints as the same HLO
+        sharding string and also answers shard geometry questions. ``rank``, if
+        given, must equal ``len(partition_spec)``.
 
         >>> str(Mesh(range(4), (2, 2)).get_op_sharding((1, 0)))
         '{devices=[2,2]0,2,1,3}'
         """
-        return ShardingSpec.from_partition_spec(
+        return OpSharding.from_partition_spec(
             self.mesh_shape, tuple(self.device_ids.tolist()), partition_spec, self.axis_names, rank=rank
         )
 

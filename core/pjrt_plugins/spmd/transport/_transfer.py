@@ -16,7 +16,7 @@ import torch
 
 from ...errors import ShardingError, VirtualDeviceError
 from ..devices import VirtualDevice, count_download, count_upload, virtual_device
-from ..sharding import Shard, ShardingSpec, ShardingType
+from ..sharding import OpSharding, Shard, ShardingType
 from ._tensor_data import TensorData, TensorState, host_empty
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _shard_source(host: torch.Tensor, shard: Shard) -> tuple[torch.Tensor, bool]
 
 
 def upload_host_tensor(
-    host: torch.Tensor, sharding: ShardingSpec | None, vd: VirtualDevice | None = None, *, owned: bool = False
+    host: torch.Tensor, sharding: OpSharding | None, vd: VirtualDevice | None = None, *, owned: bool = False
 ) -> list[Any]:
     """Upload ``host`` (a CPU tensor) laid out by ``sharding`` (``None``: replicated).
 
@@ -74,7 +74,7 @@ def upload_host_tensor(
     memory.
     """
     vd = vd or virtual_device()
-    spec = sharding if sharding is not None else ShardingSpec.replicated()
+    spec = sharding if sharding is not None else OpSharding.replicated()
     if spec.type is ShardingType.MANUAL or spec.type is ShardingType.UNKNOWN:
         raise NotImplementedError(f"uploading a tensor with a {spec.type.name.lower()} sharding is not supported")
     if not vd.spmd and spec.type is not ShardingType.REPLICATED:
@@ -97,7 +97,7 @@ def upload_host_tensor(
     return buffers
 
 
-def upload(data: TensorData, sharding: ShardingSpec | None = None) -> TensorData:
+def upload(data: TensorData, sharding: OpSharding | None = None) -> TensorData:
     """Move a HOST-state ``data`` onto the devices, laid out by ``sharding`` (``None``: replicated).
 
     This is how an unmarked tensor used in a computation gets there: the
@@ -106,7 +106,7 @@ def upload(data: TensorData, sharding: ShardingSpec | None = None) -> TensorData
     way is left alone; one laid out differently is gathered and re-uploaded.
     """
     vd = virtual_device()
-    spec = sharding if sharding is not None else ShardingSpec.replicated()
+    spec = sharding if sharding is not None else OpSharding.replicated()
     if data.state is TensorState.DEVICE:
         check_current(data, vd)
         if data.sharding == spec:
@@ -161,7 +161,7 @@ def download_shard(data: TensorData, ordinal: int) -> torch.Tensor:
 
 
 def gather_shards(
-    shape: Sequence[int], dtype: torch.dtype, sharding: ShardingSpec, buffers: Sequence[Any], device_ids: Sequence[int]
+    shape: Sequence[int], dtype: torch.dtype, sharding: OpSharding, buffers: Sequence[Any], device_ids: Sequence[int]
 ) -> torch.Tensor:
     """Assemble the global CPU tensor from per-device ``buffers``, reading one copy of each tile.
 
@@ -241,8 +241,8 @@ def gather(data: TensorData) -> torch.Tensor:
     return gather_shards(data.shape, data.dtype, data.sharding, data.buffers, vd.device_ids)
 
 
-def reshard_buffers(buffers: Sequence[Any], shape: Sequence[int], dtype: torch.dtype, have: ShardingSpec,
-                    want: ShardingSpec, vd: VirtualDevice) -> list[Any]:
+def reshard_buffers(buffers: Sequence[Any], shape: Sequence[int], dtype: torch.dtype, have: OpSharding,
+                    want: OpSharding, vd: VirtualDevice) -> list[Any]:
     """The tensor held by ``buffers`` (laid out by ``have``) laid out by ``want`` instead: gathered, uploaded again.
 
     For the rare program XLA compiles for other argument shardings than the ones its module
