@@ -119,12 +119,19 @@ class CpuFallbackWarning(UserWarning):
     """An operator without a lowering ran on the CPU because the fallback was enabled."""
 
 
-class ShardingError(PjrtPluginsError, ValueError):
-    """A mesh, partition spec or sharding string is invalid, or does not fit the tensor or devices."""
+class ShardingError(PjrtPluginsError, ValueError, AssertionError):
+    """A mesh, partition spec or sharding string is invalid, or does not fit the tensor or devices.
+
+    A ``ValueError``; also an ``AssertionError``, which is what PyTorch/XLA raises for a bad mesh
+    or partition spec, so ported code that catches that still does.
+    """
 
 
-class ShardingConflictError(ShardingError):
-    """A tensor already carries a different, non-replicated sharding; clear it with ``clear_sharding`` first."""
+class ShardingConflictError(ShardingError, RuntimeError):
+    """A tensor already carries a different, non-replicated sharding; clear it with ``clear_sharding`` first.
+
+    Also a ``RuntimeError``, what PyTorch/XLA raises when a tensor is re-marked.
+    """
 
 
 class SpmdDisabledError(PjrtPluginsError, RuntimeError):

@@ -52,10 +52,11 @@ def test_uneven_tiled_upload_moves_global_bytes_plus_padding(any_device):
     assert counters.uploaded == {d: per_device for d in range(n)}
     assert counters.total_uploaded == t.nbytes + (n * math.ceil(5 / n) - 5) * 4
     shards = p.local_shards
-    assert [s.indices for s in shards] == [(slice(min(d * math.ceil(5 / n), 5), min((d + 1) * math.ceil(5 / n), 5)),) for d in range(n)]
+    assert [s.indices for s in shards] == [[slice(min(d * math.ceil(5 / n), 5), min((d + 1) * math.ceil(5 / n), 5), 1)]
+                                           for d in range(n)]  # PyTorch/XLA's form: a list, step 1
     for shard in shards:
         assert shard.data.shape == (math.ceil(5 / n),)
-        assert torch.equal(shard.unpadded_data, t[shard.indices])
+        assert torch.equal(shard.unpadded_data, t[tuple(shard.indices)])
         assert not shard.data[shard.unpadded_data.numel() :].any()  # padding is zeros
     assert torch.equal(p.cpu(), t)
 
@@ -67,10 +68,10 @@ def test_eight_by_seven_over_a_two_by_two_tile(stub4):
     assert xs.transfer_counters().uploaded == {d: 4 * 4 * 4 for d in range(4)}  # every device holds a padded 4x4
     shards = p.local_shards
     assert [s.indices for s in shards] == [
-        (slice(0, 4), slice(0, 4)),
-        (slice(0, 4), slice(4, 7)),
-        (slice(4, 8), slice(0, 4)),
-        (slice(4, 8), slice(4, 7)),
+        [slice(0, 4, 1), slice(0, 4, 1)],
+        [slice(0, 4, 1), slice(4, 7, 1)],
+        [slice(4, 8, 1), slice(0, 4, 1)],
+        [slice(4, 8, 1), slice(4, 7, 1)],
     ]
     assert [tuple(s.unpadded_data.shape) for s in shards] == [(4, 4), (4, 3), (4, 4), (4, 3)]
     assert not shards[1].data[:, 3:].any()
@@ -86,7 +87,7 @@ def test_partial_replication_uploads_each_tile_to_its_group(cpu8):
     shards = p.local_shards
     assert [s.replica_id for s in shards] == [0, 1, 2, 3, 0, 1, 2, 3]
     for shard in shards:
-        assert torch.equal(shard.data, t[shard.indices])
+        assert torch.equal(shard.data, t[tuple(shard.indices)])
     xs.reset_transfer_counters()
     assert torch.equal(p.cpu(), t)
     # the gather reads one copy of each tile: devices 0 and 4
@@ -194,7 +195,7 @@ def _check_round_trip(vd, case):
     assert up == {d: _padded_bytes(t, sharding) for d in range(vd.num_devices)}
     assert torch.equal(p.cpu(), t)
     for ordinal, shard in enumerate(p.local_shards):  # in device order
-        expected = t if shard.indices is ... else t[shard.indices]
+        expected = t if shard.indices is ... else t[tuple(shard.indices)]
         assert torch.equal(shard.unpadded_data, expected)
         assert shard.replica_id == sharding.replica_id(ordinal)
 

@@ -11,6 +11,7 @@ The package is built in layers, each importing only those below it (docs/archite
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,8 @@ import torch
 from ..errors import ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
 from . import devices as _devices
 from .devices import (
+    HybridMesh,
+    Mesh,
     Metrics,
     TransferCounters,
     VirtualDevice,
@@ -31,9 +34,18 @@ from .devices import (
     set_global_mesh,
     transfer_counters,
 )
-from .frontend import TORCH_DEVICE, XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
+from .frontend import (
+    TORCH_DEVICE,
+    XLAShard,
+    XLAShardedTensor,
+    clear_sharding,
+    mark_sharding,
+    to_device,
+    wrap_as_sharded_tensor,
+    wrap_if_sharded,
+)
 from .frontend import engine as _engine
-from .sharding import Mesh, OpSharding, Shard, ShardingType, parse_sharding, parse_tuple_sharding
+from .sharding import OpSharding, Shard, ShardingType, parse_sharding, parse_tuple_sharding
 
 if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
     from .execution import clear_compile_cache, set_cache_dir
@@ -41,6 +53,7 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
     from .trace import sync
 
 __all__ = [
+    "HybridMesh",
     "Mesh",
     "Metrics",
     "OpSharding",
@@ -76,6 +89,8 @@ __all__ = [
     "transfer_counters",
     "use_spmd",
     "virtual_device",
+    "wrap_as_sharded_tensor",
+    "wrap_if_sharded",
 ]
 
 
@@ -98,6 +113,7 @@ def use_spmd(auto: bool = False) -> None:
     """
     if auto:
         raise NotImplementedError("automatic sharding (use_spmd(auto=True)) is not supported; mark tensors instead")
+    os.environ[_devices.USE_SPMD_ENV] = "1"  # as PyTorch/XLA does: is_spmd() and child processes read it
     _devices.set_spmd(True)
 
 

@@ -8,7 +8,7 @@ API: use ``pjrt_plugins.spmd``.
 
 from __future__ import annotations
 
-from ._meshes import get_1d_mesh, get_global_mesh, set_global_mesh
+from ._meshes import HybridMesh, Mesh, check_mesh_fits, get_1d_mesh, get_global_mesh, set_global_mesh
 from ._metrics import (
     Metrics,
     TransferCounters,
@@ -51,10 +51,13 @@ from ._virtual_device import (
 __all__ = [
     "DEFAULT_SPMD",
     "DEVICE_NAME",
+    "HybridMesh",
+    "Mesh",
     "USE_SPMD_ENV",
     "Metrics",
     "TransferCounters",
     "VirtualDevice",
+    "check_mesh_fits",
     "count",
     "count_download",
     "count_fallback",

@@ -10,7 +10,7 @@ engine half loads through ``_seam`` on the first operator. Not a public API: use
 from __future__ import annotations
 
 from . import _factories  # noqa: F401  (registers the device's factory and copy kernels)
-from ._annotate import clear_sharding, mark_sharding, to_device
+from ._annotate import clear_sharding, mark_sharding, to_device, wrap_as_sharded_tensor, wrap_if_sharded
 from ._seam import engine, loaded_engine
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
 from .tensor import XLAShard, XLAShardedTensor, to_cpu, unwrap, wrap
@@ -29,4 +29,6 @@ __all__ = [
     "to_device",
     "unwrap",
     "wrap",
+    "wrap_as_sharded_tensor",
+    "wrap_if_sharded",
 ]
