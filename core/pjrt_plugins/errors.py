@@ -134,6 +134,14 @@ class ShardingConflictError(ShardingError, RuntimeError):
     """
 
 
+class InputShardingError(ShardingError, RuntimeError):
+    """A loaded batch does not fit the loader's ``input_sharding`` (a key without a spec, a spec of another
+    rank, a batch size the devices do not divide); raised before any of the batch is uploaded.
+
+    Also a ``RuntimeError``, as PyTorch/XLA's loaders raise for a batch size that does not divide.
+    """
+
+
 class SpmdDisabledError(PjrtPluginsError, RuntimeError):
     """A sharding API was used while SPMD is off (``XLA_USE_SPMD=0`` or ``use_spmd(False)``)."""
 

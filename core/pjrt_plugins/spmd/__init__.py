@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
+from ..errors import InputShardingError, ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
 from . import devices as _devices
 from .devices import (
     HybridMesh,
@@ -36,6 +36,7 @@ from .devices import (
 )
 from .frontend import (
     TORCH_DEVICE,
+    ShardingSpec,
     XLAShard,
     XLAShardedTensor,
     clear_sharding,
@@ -54,12 +55,14 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
 
 __all__ = [
     "HybridMesh",
+    "InputShardingError",
     "Mesh",
     "Metrics",
     "OpSharding",
     "Shard",
     "ShardingConflictError",
     "ShardingError",
+    "ShardingSpec",
     "ShardingType",
     "SpmdDisabledError",
     "TransferCounters",
