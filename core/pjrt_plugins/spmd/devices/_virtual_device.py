@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_NAME",
     "USE_SPMD_ENV",
     "VirtualDevice",
+    "chosen_plugin",
     "is_spmd",
     "peek_virtual_device",
     "reset_choices",
@@ -202,6 +203,14 @@ def _replace_current() -> None:
         logger.info("replacing %r", _current)
         _generation += 1
     _current = None
+
+
+def chosen_plugin() -> DevicePlugin:
+    """The plugin behind ``pjrt:0``: the live device's, else the one ``virtual_device()`` would create (no client)."""
+    with _state_lock:
+        if _current is not None:
+            return _current.plugin
+        return _resolve_plugin(_plugin_choice)
 
 
 def peek_virtual_device() -> VirtualDevice | None:
