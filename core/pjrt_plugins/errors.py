@@ -128,12 +128,27 @@ class CpuFallbackWarning(UserWarning):
     """An operator without a lowering ran on the CPU because the fallback was enabled."""
 
 
-class ShardingError(PjrtPluginsError, ValueError):
-    """A mesh, partition spec or sharding string is invalid, or does not fit the tensor or devices."""
+class ShardingError(PjrtPluginsError, ValueError, AssertionError):
+    """A mesh, partition spec or sharding string is invalid, or does not fit the tensor or devices.
+
+    A ``ValueError``; also an ``AssertionError``, which is what PyTorch/XLA raises for a bad mesh
+    or partition spec, so ported code that catches that still does.
+    """
 
 
-class ShardingConflictError(ShardingError):
-    """A tensor already carries a different, non-replicated sharding; clear it with ``clear_sharding`` first."""
+class ShardingConflictError(ShardingError, RuntimeError):
+    """A tensor already carries a different, non-replicated sharding; clear it with ``clear_sharding`` first.
+
+    Also a ``RuntimeError``, what PyTorch/XLA raises when a tensor is re-marked.
+    """
+
+
+class InputShardingError(ShardingError, RuntimeError):
+    """A loaded batch does not fit the loader's ``input_sharding`` (a key without a spec, a spec of another
+    rank, a batch size the devices do not divide); raised before any of the batch is uploaded.
+
+    Also a ``RuntimeError``, as PyTorch/XLA's loaders raise for a batch size that does not divide.
+    """
 
 
 class SpmdDisabledError(PjrtPluginsError, RuntimeError):

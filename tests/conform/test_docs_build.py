@@ -100,6 +100,6 @@ def test_the_api_reference_renders_docstrings(site):
     spmd = (site / "api" / "spmd" / "index.html").read_text()
     assert 'id="pjrt_plugins.spmd.mark_sharding"' in spmd
     # doctest blocks render as highlighted code, not as broken reference links
-    shards = spmd[spmd.index('id="pjrt_plugins.spmd.ShardingSpec.shards"'):][:6000]
+    shards = spmd[spmd.index('id="pjrt_plugins.spmd.OpSharding.shards"'):][:6000]
     assert '<span class="gp">&gt;&gt;&gt; </span>' in shards  # the pycon lexer's prompt token
     assert "[-2:]" in re.sub(r"<[^>]+>", "", shards)

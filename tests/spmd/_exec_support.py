@@ -18,7 +18,7 @@ import pjrt_plugins
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import execution
 from pjrt_plugins.spmd import devices
-from pjrt_plugins.spmd.sharding import ShardingSpec
+from pjrt_plugins.spmd.sharding import OpSharding
 
 MESH_SHAPE = (2, 4)
 NUM_DEVICES = 8
@@ -46,9 +46,9 @@ def engine() -> Any:
     xs.set_cpu_fallback(True)
 
 
-def spec(*partition: Any, mesh_shape: Sequence[int] = MESH_SHAPE) -> ShardingSpec:
+def spec(*partition: Any, mesh_shape: Sequence[int] = MESH_SHAPE) -> OpSharding:
     """The sharding of a partition spec on a mesh over devices 0..7."""
-    return ShardingSpec.from_partition_spec(tuple(mesh_shape), range(NUM_DEVICES), partition)
+    return OpSharding.from_partition_spec(tuple(mesh_shape), range(NUM_DEVICES), partition)
 
 
 def trace(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.GraphModule:

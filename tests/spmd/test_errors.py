@@ -54,8 +54,8 @@ def test_device_id_out_of_range(stub4):
     with pytest.raises(ShardingError, match="covers 8 devices but the virtual device stands for 4"):
         xs.mark_sharding(p, xs.Mesh(range(8), (8,)), (0,))  # ids 4..7 do not exist on this plugin
     with pytest.raises(ShardingError, match="device id 9 is out of range"):
-        transport.upload_host_tensor(torch.zeros(2), xs.ShardingSpec.maximal(9))
-    tiled = xs.ShardingSpec.from_partition_spec((8,), range(8), (0,))
+        transport.upload_host_tensor(torch.zeros(2), xs.OpSharding.maximal(9))
+    tiled = xs.OpSharding.from_partition_spec((8,), range(8), (0,))
     with pytest.raises(ShardingError, match=r"device id\(s\) \[4, 5, 6, 7\] are out of range"):
         transport.upload_host_tensor(torch.zeros(8), tiled)
 

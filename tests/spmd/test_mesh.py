@@ -1,4 +1,9 @@
-"""Mesh: validation, logical mesh, op shardings, the global mesh and the 1-D mesh over all devices."""
+"""Mesh: validation, logical mesh, op shardings, text form, HybridMesh, the device-count check, the global mesh
+and the 1-D mesh over all devices.
+
+``xs.Mesh`` checks its size against the virtual device when one exists; the pure geometry is
+``pjrt_plugins.spmd.sharding.Mesh`` (no device), used where a test needs meshes of other sizes.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,12 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.errors import ShardingError
+from pjrt_plugins.spmd import devices
+from pjrt_plugins.spmd.sharding import Mesh as PureMesh
 
 
 def test_logical_mesh_is_the_ids_reshaped_row_major():
@@ -23,7 +31,7 @@ def test_logical_mesh_is_the_ids_reshaped_row_major():
 def test_get_op_sharding_returns_our_sharding_spec():
     mesh = xs.Mesh(range(8), (2, 4), ("x", "y"))
     spec = mesh.get_op_sharding(("x", None))
-    assert isinstance(spec, xs.ShardingSpec)
+    assert isinstance(spec, xs.OpSharding)
     assert str(spec) == "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
     assert spec.type is xs.ShardingType.PARTIAL
     with pytest.raises(ShardingError, match="rank 3"):
@@ -31,10 +39,58 @@ def test_get_op_sharding_returns_our_sharding_spec():
 
 
 def test_meshes_compare_by_value():
-    assert xs.Mesh(range(4), (2, 2)) == xs.Mesh(np.arange(4), [2, 2])
-    assert xs.Mesh(range(4), (2, 2)) != xs.Mesh(range(4), (4, 1))
-    assert len({xs.Mesh(range(4), (2, 2), ("a", "b")), xs.Mesh(range(4), (2, 2), ("a", "b"))}) == 1
-    assert "mesh_shape=(2, 2)" in repr(xs.Mesh(range(4), (2, 2)))
+    assert PureMesh(range(4), (2, 2)) == PureMesh(np.arange(4), [2, 2])
+    assert PureMesh(range(4), (2, 2)) != PureMesh(range(4), (4, 1))
+    assert len({PureMesh(range(4), (2, 2), ("a", "b")), PureMesh(range(4), (2, 2), ("a", "b"))}) == 1
+    assert "mesh_shape=(2, 2)" in repr(PureMesh(range(4), (2, 2)))
+    assert xs.Mesh(range(8), (2, 4)) == PureMesh(range(8), (2, 4))  # the checked mesh is the same value
+
+
+def test_str_is_pytorch_xlas_text_and_from_str_reads_it_back():
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    text = str(mesh)
+    assert text == "{'device_ids': [0, 1, 2, 3, 4, 5, 6, 7], 'mesh_shape': (2, 4), 'axis_names': ('data', 'model')}"
+    again = xs.Mesh.from_str(text)
+    assert again == mesh and type(again) is xs.Mesh
+    assert xs.Mesh.from_str("Mesh" + str(PureMesh(range(8), (8,)))) == PureMesh(range(8), (8,))
+    for garbage in ("", "mesh", "{'device_ids': [0]}", "[1, 2]", "{'device_ids': [0], 'mesh_shape': (1,),"):
+        assert xs.Mesh.from_str(garbage) is None, garbage
+    with pytest.raises(ShardingError, match="holds 4 devices but 3 device ids"):  # parses, but is no mesh
+        PureMesh.from_str("{'device_ids': [0, 1, 2], 'mesh_shape': (2, 2), 'axis_names': None}")
+
+
+def test_a_mesh_must_cover_the_virtual_devices_devices_once_the_device_exists(fresh_device_state):
+    early = xs.Mesh(range(4), (4,))  # no device yet: building a mesh opens no plugin
+    assert devices.peek_virtual_device() is None
+    xs.set_plugin("cpu", options={"cpu_device_count": 8})
+    xs.virtual_device()
+    with pytest.raises(ShardingError, match=r"mesh shape \(4,\) covers 4 devices but the virtual device stands "
+                                            r"for 8 \(plugin 'cpu'\)") as info:
+        xs.Mesh(range(4), (4,))
+    assert isinstance(info.value, AssertionError)  # what PyTorch/XLA raises there
+    with pytest.raises(ShardingError, match="covers 4 devices"):  # the early mesh fails at its first use
+        xs.mark_sharding(torch.zeros(8).to("pjrt"), early, (0,))
+    assert xs.transfer_counters().uploads == 0
+    assert xs.Mesh(range(8), (4, 2)).size() == 8
+
+
+def test_hybrid_mesh_lays_granules_out_as_blocks(fresh_device_state):
+    mesh = xs.HybridMesh(ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1), axis_names=("data", "fsdp", "tensor"))
+    assert isinstance(mesh, xs.Mesh)
+    assert mesh.shape() == OrderedDict([("data", 2), ("fsdp", 4), ("tensor", 1)])
+    assert mesh.ici_mesh_shape == (1, 4, 1) and mesh.dcn_mesh_shape == (2, 1, 1)
+    assert mesh.get_logical_mesh()[:, :, 0].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    two_d = xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(1, 2))
+    assert two_d.get_logical_mesh().tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]  # granule 1 is the right block
+    assert xs.HybridMesh(ici_mesh_shape=(2, 4)).get_logical_mesh().tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ShardingError, match="same number of axes"):
+        xs.HybridMesh(ici_mesh_shape=(2, 4), dcn_mesh_shape=(2,))
+    with pytest.raises(TypeError):
+        xs.HybridMesh((2, 4))  # keyword-only, as in PyTorch/XLA
+    xs.set_plugin("cpu", options={"cpu_device_count": 8})
+    xs.virtual_device()
+    with pytest.raises(ShardingError, match="covers 16 devices"):
+        xs.HybridMesh(ici_mesh_shape=(1, 8), dcn_mesh_shape=(2, 1))
 
 
 @pytest.mark.parametrize(
@@ -61,7 +117,7 @@ def test_mesh_validation_names_the_problem(ids, shape, names, message):
 
 
 def test_global_mesh_round_trip():
-    mesh = xs.Mesh(range(4), (4,), ("data",))
+    mesh = PureMesh(range(4), (4,), ("data",))
     try:
         xs.set_global_mesh(mesh)
         assert xs.get_global_mesh() is mesh

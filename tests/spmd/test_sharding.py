@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pjrt_plugins.errors import ShardingError
 from pjrt_plugins.spmd.sharding import (
-    ShardingSpec,
+    OpSharding,
     ShardingType,
     normalize_partition_spec,
     parse_sharding,
@@ -67,7 +67,7 @@ STRING_TABLE = [
 
 @pytest.mark.parametrize("mesh_shape, ids, names, spec, expected", STRING_TABLE)
 def test_partition_spec_gives_the_hlo_string(mesh_shape, ids, names, spec, expected):
-    sharding = ShardingSpec.from_partition_spec(mesh_shape, ids, spec, names)
+    sharding = OpSharding.from_partition_spec(mesh_shape, ids, spec, names)
     assert str(sharding) == expected
     assert parse_sharding(expected) == sharding
 
@@ -75,7 +75,7 @@ def test_partition_spec_gives_the_hlo_string(mesh_shape, ids, names, spec, expec
 @pytest.mark.parametrize("mesh_shape, ids, names, spec, expected", STRING_TABLE)
 def test_jaxlib_reads_our_strings_the_same_way(mesh_shape, ids, names, spec, expected):
     hlo = pytest.importorskip("jaxlib._hlo", reason="jaxlib (the spmd extra) is not installed").HloSharding
-    ours = ShardingSpec.from_partition_spec(mesh_shape, ids, spec, names)
+    ours = OpSharding.from_partition_spec(mesh_shape, ids, spec, names)
     theirs = hlo.from_string(str(ours))
     if ours.type is ShardingType.REPLICATED:
         assert theirs.is_replicated()
@@ -86,10 +86,10 @@ def test_jaxlib_reads_our_strings_the_same_way(mesh_shape, ids, names, spec, exp
 
 
 def test_sharding_types_follow_the_spec():
-    assert ShardingSpec.from_partition_spec((2, 4), IDS8, (0, 1)).type is ShardingType.TILED
-    assert ShardingSpec.from_partition_spec((2, 4), IDS8, (0, None)).type is ShardingType.PARTIAL
-    assert ShardingSpec.from_partition_spec((2, 4), IDS8, (None, None)).type is ShardingType.REPLICATED
-    assert ShardingSpec.maximal(3).type is ShardingType.MAXIMAL
+    assert OpSharding.from_partition_spec((2, 4), IDS8, (0, 1)).type is ShardingType.TILED
+    assert OpSharding.from_partition_spec((2, 4), IDS8, (0, None)).type is ShardingType.PARTIAL
+    assert OpSharding.from_partition_spec((2, 4), IDS8, (None, None)).type is ShardingType.REPLICATED
+    assert OpSharding.maximal(3).type is ShardingType.MAXIMAL
     assert int(ShardingType.TILED) == 3 and int(ShardingType.PARTIAL) == 5  # PyTorch/XLA's numbering
 
 
@@ -170,7 +170,7 @@ def test_parse_refuses_manual_subgroups_clearly():
 )
 def test_bad_partition_specs_raise_naming_the_problem(spec, names, rank, message):
     with pytest.raises(ShardingError, match=message):
-        ShardingSpec.from_partition_spec((2, 4), IDS8, spec, names, rank=rank)
+        OpSharding.from_partition_spec((2, 4), IDS8, spec, names, rank=rank)
 
 
 def test_normalize_partition_spec_resolves_names_and_tuples():
@@ -180,22 +180,22 @@ def test_normalize_partition_spec_resolves_names_and_tuples():
 
 def test_sharding_spec_checks_its_own_consistency():
     with pytest.raises(ShardingError, match="4 tiles but the tile assignment lists 3 devices"):
-        ShardingSpec(ShardingType.TILED, (2, 2), (0, 1, 2))
+        OpSharding(ShardingType.TILED, (2, 2), (0, 1, 2))
     with pytest.raises(ShardingError, match="appear more than once"):
-        ShardingSpec(ShardingType.TILED, (2,), (1, 1))
+        OpSharding(ShardingType.TILED, (2,), (1, 1))
     with pytest.raises(ShardingError, match="negative"):
-        ShardingSpec.maximal(-1)
+        OpSharding.maximal(-1)
 
 
 # -- shard geometry ----------------------------------------------------------------------------
 
 
-def _geometry(spec: ShardingSpec, shape, devices):
+def _geometry(spec: OpSharding, shape, devices):
     return [(s.device, s.indices, s.shape, s.padded_shape, s.replica_id) for s in spec.shards(shape, devices)]
 
 
 def test_five_elements_over_four_devices_pad_and_clamp():
-    spec = ShardingSpec.from_partition_spec((4,), range(4), (0,))
+    spec = OpSharding.from_partition_spec((4,), range(4), (0,))
     assert spec.shard_shape((5,)) == (2,)
     assert _geometry(spec, (5,), range(4)) == [
         (0, (slice(0, 2),), (2,), (2,), 0),
@@ -206,7 +206,7 @@ def test_five_elements_over_four_devices_pad_and_clamp():
 
 
 def test_eight_by_seven_over_a_two_by_two_tile():
-    spec = ShardingSpec.from_partition_spec((2, 2), range(4), (0, 1))
+    spec = OpSharding.from_partition_spec((2, 2), range(4), (0, 1))
     assert spec.shard_shape((8, 7)) == (4, 4)
     assert _geometry(spec, (8, 7), range(4)) == [
         (0, (slice(0, 4), slice(0, 4)), (4, 4), (4, 4), 0),
@@ -217,29 +217,29 @@ def test_eight_by_seven_over_a_two_by_two_tile():
 
 
 def test_replica_ids_tiled_partial_replicated_maximal():
-    tiled = ShardingSpec.from_partition_spec((2, 4), IDS8, (0, 1))
+    tiled = OpSharding.from_partition_spec((2, 4), IDS8, (0, 1))
     assert [tiled.replica_id(d) for d in IDS8] == [0] * 8
-    partial = ShardingSpec.from_partition_spec((2, 4), IDS8, (0, None))
+    partial = OpSharding.from_partition_spec((2, 4), IDS8, (0, None))
     assert [partial.replica_id(d) for d in IDS8] == [0, 1, 2, 3, 0, 1, 2, 3]
     # a transposed mesh: the replication group of tile 0 along the rows is devices 0 and 4
-    partial_t = ShardingSpec.from_partition_spec((2, 4), IDS8, (1, None))
+    partial_t = OpSharding.from_partition_spec((2, 4), IDS8, (1, None))
     assert [(d, partial_t.replica_id(d)) for d in (0, 4, 1, 5)] == [(0, 0), (4, 1), (1, 0), (5, 1)]
-    replicated = ShardingSpec.replicated()
+    replicated = OpSharding.replicated()
     shards = replicated.shards((3, 2), range(4))
     assert [(s.replica_id, s.indices) for s in shards] == [(d, ...) for d in range(4)]
-    maximal = ShardingSpec.maximal(2)
+    maximal = OpSharding.maximal(2)
     assert _geometry(maximal, (3,), range(4)) == [(2, ..., (3,), (3,), 0)]
 
 
 def test_partial_shards_repeat_across_the_replication_group():
-    spec = ShardingSpec.from_partition_spec((2, 4), IDS8, (0, None))
+    spec = OpSharding.from_partition_spec((2, 4), IDS8, (0, None))
     shards = {s.device: s for s in spec.shards((6, 3), IDS8)}
     assert shards[0].indices == shards[3].indices == (slice(0, 3), slice(0, 3))
     assert shards[4].indices == shards[7].indices == (slice(3, 6), slice(0, 3))
 
 
 def test_shards_reject_a_mismatched_rank_or_device_set():
-    spec = ShardingSpec.from_partition_spec((2, 4), IDS8, (0, 1))
+    spec = OpSharding.from_partition_spec((2, 4), IDS8, (0, 1))
     with pytest.raises(ShardingError, match="rank 3"):
         spec.shards((2, 2, 2), IDS8)
     with pytest.raises(ShardingError, match=r"out of range"):
@@ -247,12 +247,12 @@ def test_shards_reject_a_mismatched_rank_or_device_set():
     with pytest.raises(ShardingError, match=r"not covered"):
         spec.shards((4, 4), range(9))
     with pytest.raises(ShardingError, match="out of range"):
-        ShardingSpec.maximal(9).shards((2,), range(8))
+        OpSharding.maximal(9).shards((2,), range(8))
 
 
 def test_manual_sharding_has_no_geometry():
     with pytest.raises(NotImplementedError):
-        ShardingSpec.manual().shards((2,), range(2))
+        OpSharding.manual().shards((2,), range(2))
 
 
 # -- properties over many meshes and specs -------------------------------------------------------
@@ -287,7 +287,7 @@ def mesh_and_spec(draw, n=8):
 @given(mesh_and_spec())
 def test_tile_assignment_is_the_transposed_logical_mesh(case):
     mesh_shape, ids, spec, _shape = case
-    sharding = ShardingSpec.from_partition_spec(mesh_shape, ids, spec)
+    sharding = OpSharding.from_partition_spec(mesh_shape, ids, spec)
     groups = normalize_partition_spec(spec, mesh_shape)
     used = [a for g in groups for a in g]
     unused = sorted(set(range(len(mesh_shape))) - set(used))
@@ -309,7 +309,7 @@ def test_tile_assignment_is_the_transposed_logical_mesh(case):
 @given(mesh_and_spec())
 def test_shards_cover_the_tensor_once_per_replica(case):
     mesh_shape, ids, spec, shape = case
-    sharding = ShardingSpec.from_partition_spec(mesh_shape, ids, spec)
+    sharding = OpSharding.from_partition_spec(mesh_shape, ids, spec)
     shards = sharding.shards(shape, range(8))
     assert len(shards) == 8
     groups = {}

@@ -11,13 +11,16 @@ The package is built in layers, each importing only those below it (docs/archite
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
+from ..errors import InputShardingError, ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
 from . import devices as _devices
 from .devices import (
+    HybridMesh,
+    Mesh,
     Metrics,
     TransferCounters,
     VirtualDevice,
@@ -31,9 +34,19 @@ from .devices import (
     set_global_mesh,
     transfer_counters,
 )
-from .frontend import TORCH_DEVICE, XLAShard, XLAShardedTensor, clear_sharding, mark_sharding, to_device
+from .frontend import (
+    TORCH_DEVICE,
+    ShardingSpec,
+    XLAShard,
+    XLAShardedTensor,
+    clear_sharding,
+    mark_sharding,
+    to_device,
+    wrap_as_sharded_tensor,
+    wrap_if_sharded,
+)
 from .frontend import engine as _engine
-from .sharding import Mesh, Shard, ShardingSpec, ShardingType, parse_sharding, parse_tuple_sharding
+from .sharding import OpSharding, Shard, ShardingType, parse_sharding, parse_tuple_sharding
 
 if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
     from .execution import clear_compile_cache, set_cache_dir
@@ -41,8 +54,11 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
     from .trace import sync
 
 __all__ = [
+    "HybridMesh",
+    "InputShardingError",
     "Mesh",
     "Metrics",
+    "OpSharding",
     "Shard",
     "ShardingConflictError",
     "ShardingError",
@@ -76,6 +92,8 @@ __all__ = [
     "transfer_counters",
     "use_spmd",
     "virtual_device",
+    "wrap_as_sharded_tensor",
+    "wrap_if_sharded",
 ]
 
 
@@ -98,6 +116,7 @@ def use_spmd(auto: bool = False) -> None:
     """
     if auto:
         raise NotImplementedError("automatic sharding (use_spmd(auto=True)) is not supported; mark tensors instead")
+    os.environ[_devices.USE_SPMD_ENV] = "1"  # as PyTorch/XLA does: is_spmd() and child processes read it
     _devices.set_spmd(True)
 
 

@@ -8,7 +8,7 @@ API: use ``pjrt_plugins.spmd``.
 
 from __future__ import annotations
 
-from ._meshes import get_1d_mesh, get_global_mesh, set_global_mesh
+from ._meshes import HybridMesh, Mesh, check_mesh_fits, get_1d_mesh, get_global_mesh, set_global_mesh
 from ._metrics import (
     Metrics,
     TransferCounters,
@@ -39,6 +39,7 @@ from ._virtual_device import (
     DEVICE_NAME,
     USE_SPMD_ENV,
     VirtualDevice,
+    chosen_plugin,
     is_spmd,
     peek_virtual_device,
     reset_choices,
@@ -51,10 +52,14 @@ from ._virtual_device import (
 __all__ = [
     "DEFAULT_SPMD",
     "DEVICE_NAME",
+    "HybridMesh",
+    "Mesh",
     "USE_SPMD_ENV",
     "Metrics",
     "TransferCounters",
     "VirtualDevice",
+    "check_mesh_fits",
+    "chosen_plugin",
     "count",
     "count_download",
     "count_fallback",

@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_NAME",
     "USE_SPMD_ENV",
     "VirtualDevice",
+    "chosen_plugin",
     "is_spmd",
     "peek_virtual_device",
     "reset_choices",
@@ -94,11 +95,11 @@ _options_choice: dict[str, Any] | None = None
 _spmd_choice: bool | None = None  # None: environment, then DEFAULT_SPMD
 
 
-def spmd_from_environment() -> bool:
-    """``XLA_USE_SPMD`` as a bool, or :data:`DEFAULT_SPMD` when unset."""
+def _environment_spmd() -> bool | None:
+    """``XLA_USE_SPMD`` as a bool, or ``None`` when it is unset or blank."""
     raw = os.environ.get(USE_SPMD_ENV)
     if raw is None or raw.strip() == "":
-        return DEFAULT_SPMD
+        return None
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -107,19 +108,56 @@ def spmd_from_environment() -> bool:
     raise ValueError(f"environment variable {USE_SPMD_ENV}={raw!r} must be 1 or 0")
 
 
+def spmd_from_environment() -> bool:
+    """``XLA_USE_SPMD`` as a bool, or :data:`DEFAULT_SPMD` when unset."""
+    value = _environment_spmd()
+    return DEFAULT_SPMD if value is None else value
+
+
+def _wanted_spmd_locked() -> bool:
+    """The mode asked for: ``XLA_USE_SPMD`` when set, else the last ``set_spmd`` choice, else the default."""
+    value = _environment_spmd()
+    if value is not None:
+        return value
+    return _spmd_choice if _spmd_choice is not None else DEFAULT_SPMD
+
+
+_warned_mismatch: set[tuple[int, bool]] = set()
+
+
 def is_spmd() -> bool:
-    """Whether the virtual device stands for all devices (SPMD) or only the first one."""
+    """Whether SPMD is on: ``XLA_USE_SPMD`` when set (read at each call, as PyTorch/XLA's ``is_spmd()`` does),
+    else the last ``use_spmd`` / ``set_spmd`` choice, else the default (on).
+
+    The virtual device takes its mode when it is created and keeps it (a switch would lose the
+    tensors on it): if ``XLA_USE_SPMD`` is changed by hand afterwards, this follows the variable
+    and warns once that ``pjrt:0`` still runs in the other mode. ``xs.use_spmd()`` switches both.
+    """
     with _state_lock:
-        if _current is not None:
-            return _current.spmd
-        return _spmd_choice if _spmd_choice is not None else spmd_from_environment()
+        wanted = _wanted_spmd_locked()
+        current = _current
+        if current is not None and current.spmd != wanted and (current.generation, wanted) not in _warned_mismatch:
+            _warned_mismatch.add((current.generation, wanted))
+            warnings.warn(
+                f"{USE_SPMD_ENV}={os.environ.get(USE_SPMD_ENV)!r} asks for SPMD {'on' if wanted else 'off'}, but the "
+                f"virtual device {DEVICE_NAME} was created with SPMD {'on' if current.spmd else 'off'} and keeps that "
+                "mode; set the variable before the first use of the device, or call pjrt_plugins.spmd.use_spmd()",
+                stacklevel=2,
+            )
+        return wanted
 
 
 def set_spmd(enabled: bool) -> None:
-    """Switch SPMD mode; if the virtual device already exists in the other mode it is replaced."""
+    """Switch SPMD mode; if the virtual device already exists in the other mode it is replaced.
+
+    ``XLA_USE_SPMD``, when set, is updated to match, so that :func:`is_spmd` (which reads it
+    first, as PyTorch/XLA's does) agrees.
+    """
     global _spmd_choice
     with _state_lock:
         _spmd_choice = bool(enabled)
+        if _environment_spmd() is not None:
+            os.environ[USE_SPMD_ENV] = "1" if enabled else "0"
         if _current is not None and _current.spmd != _spmd_choice:
             warnings.warn(
                 f"SPMD mode switched to {_spmd_choice} after the virtual device was in use: tensors already "
@@ -167,6 +205,14 @@ def _replace_current() -> None:
     _current = None
 
 
+def chosen_plugin() -> DevicePlugin:
+    """The plugin behind ``pjrt:0``: the live device's, else the one ``virtual_device()`` would create (no client)."""
+    with _state_lock:
+        if _current is not None:
+            return _current.plugin
+        return _resolve_plugin(_plugin_choice)
+
+
 def peek_virtual_device() -> VirtualDevice | None:
     """The virtual device if it already exists (never opens a plugin)."""
     return _current
@@ -194,7 +240,7 @@ def _resolve_plugin(choice: Any) -> DevicePlugin:
 
 def _create() -> VirtualDevice:
     plugin = _resolve_plugin(_plugin_choice)
-    spmd = _spmd_choice if _spmd_choice is not None else spmd_from_environment()
+    spmd = _wanted_spmd_locked()
     options = dict(_options_choice or {})
     client = plugin.create_client(options or None)
     devices = tuple(client.addressable_devices)

@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from ...errors import ExecutionStuckError, LoweringError
 from ..devices import VirtualDevice, count, next_rng_keys, rng_keys_tensor, virtual_device
-from ..sharding import ShardingSpec, parse_sharding
+from ..sharding import OpSharding, parse_sharding
 from ..transport import gather_shards, upload_host_tensor
 from ._programs import CompiledProgram, compile_graph
 
@@ -68,7 +68,7 @@ def describe_program(program: CompiledProgram) -> str:
 def run_graph(
     graph: fx.Graph | fx.GraphModule,
     inputs: Sequence[torch.Tensor],
-    shardings: Sequence[ShardingSpec | str | None] | None = None,
+    shardings: Sequence[OpSharding | str | None] | None = None,
     vd: VirtualDevice | None = None,
 ) -> tuple[list[torch.Tensor], CompiledProgram]:
     """Upload ``inputs`` with ``shardings``, run ``graph`` on every device, gather the outputs.
@@ -80,10 +80,10 @@ def run_graph(
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise ValueError(f"the graph takes {len(placeholders)} inputs, got {len(inputs)}")
-    specs: list[ShardingSpec] = []
+    specs: list[OpSharding] = []
     for i, node in enumerate(placeholders):
         s = shardings[i] if shardings is not None else None
-        spec = parse_sharding(s) if isinstance(s, str) else (s or ShardingSpec.replicated())
+        spec = parse_sharding(s) if isinstance(s, str) else (s or OpSharding.replicated())
         node.meta["sharding"] = spec
         specs.append(spec)
     program = compile_graph(g, vd)

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from ...runtime import CompileOptions
 from ..devices import VirtualDevice
 from ..lowering import LoweringOptions, ScalarSlot, fetch_attr, op_name, sharding_string
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _const_repr(value: Any) -> Any:
         return value
     if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
         return str(value)
-    if isinstance(value, ShardingSpec):
+    if isinstance(value, OpSharding):
         return value.to_hlo()
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()

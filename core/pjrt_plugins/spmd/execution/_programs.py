@@ -21,7 +21,7 @@ from jaxlib import xla_client
 from ...errors import LoweringError
 from ..devices import VirtualDevice, count, virtual_device
 from ..lowering import LoweredModule, LoweringOptions, lower_graph
-from ..sharding import ShardingSpec, parse_sharding, parse_tuple_sharding
+from ..sharding import OpSharding, parse_sharding, parse_tuple_sharding
 from . import _disk_cache as disk_cache
 from ._program_key import compile_options, lowering_options, plugin_identity, program_key
 
@@ -55,7 +55,7 @@ class CompiledProgram:
     key: str
     lowered: LoweredModule
     executable: Any
-    output_shardings: list[ShardingSpec]
+    output_shardings: list[OpSharding]
     device_order: list[int]  # ordinal of the device at each position of executable.addressable_devices
     from_disk: bool = False
 
@@ -86,7 +86,7 @@ class ProgramCache:
         #: The program the last materialization ran.
         self.last: CompiledProgram | None = None
         #: program key -> the argument shardings its executable wants (see :func:`parameter_shardings`).
-        self.parameter_shardings: dict[str, list[ShardingSpec] | None] = {}
+        self.parameter_shardings: dict[str, list[OpSharding] | None] = {}
 
     def get(self, key: Hashable) -> CompiledProgram | None:
         with self.lock:
@@ -204,7 +204,7 @@ def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: VirtualDev
 
 
 def _finish_program(key: str, lowered: LoweredModule, exe: Any, vd: VirtualDevice, from_disk: bool = False,
-                    output_shardings: list[ShardingSpec] | None = None) -> CompiledProgram:
+                    output_shardings: list[OpSharding] | None = None) -> CompiledProgram:
     n_out = len(lowered.output_shapes)
     if output_shardings is None:
         output_shardings = read_output_shardings(exe, n_out, lowered.num_partitions)
@@ -213,10 +213,10 @@ def _finish_program(key: str, lowered: LoweredModule, exe: Any, vd: VirtualDevic
     return CompiledProgram(key, lowered, exe, output_shardings, order, from_disk)
 
 
-def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> list[ShardingSpec]:
+def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> list[OpSharding]:
     """The shardings the SPMD partitioner chose for the outputs, from the optimized HLO module."""
     if num_partitions == 1:
-        return [ShardingSpec.replicated()] * num_outputs
+        return [OpSharding.replicated()] * num_outputs
     try:
         code = exe.optimized_hlo_module()
     except NotImplementedError as exc:
@@ -233,7 +233,7 @@ def read_output_shardings(exe: Any, num_outputs: int, num_partitions: int) -> li
     return specs
 
 
-def parameter_shardings(program: CompiledProgram) -> list[ShardingSpec] | None:
+def parameter_shardings(program: CompiledProgram) -> list[OpSharding] | None:
     """The shardings the compiled program wants its arguments in (from the optimized HLO module), or None.
 
     Usually those the module declared; XLA compiles some programs (an identity of an unevenly

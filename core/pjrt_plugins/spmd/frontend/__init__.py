@@ -10,23 +10,30 @@ engine half loads through ``_seam`` on the first operator. Not a public API: use
 from __future__ import annotations
 
 from . import _factories  # noqa: F401  (registers the device's factory and copy kernels)
-from ._annotate import clear_sharding, mark_sharding, to_device
+from ._annotate import clear_sharding, mark_sharding, to_device, wrap_as_sharded_tensor, wrap_if_sharded
+from ._input_sharding import InputSharding, ShardingSpec, check_input_sharding, send_cpu_data_to_device
 from ._seam import engine, loaded_engine
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
 from .tensor import XLAShard, XLAShardedTensor, to_cpu, unwrap, wrap
 
 __all__ = [
     "DEVICE_TYPE",
+    "InputSharding",
+    "ShardingSpec",
     "TORCH_DEVICE",
     "XLAShard",
     "XLAShardedTensor",
+    "check_input_sharding",
     "check_torch_device",
     "clear_sharding",
     "engine",
     "loaded_engine",
     "mark_sharding",
+    "send_cpu_data_to_device",
     "to_cpu",
     "to_device",
     "unwrap",
     "wrap",
+    "wrap_as_sharded_tensor",
+    "wrap_if_sharded",
 ]

@@ -10,17 +10,17 @@ from typing import Any
 
 import torch
 
-from ...errors import ShardingConflictError, ShardingError, SpmdDisabledError
-from ..devices import VirtualDevice, virtual_device
+from ...errors import ShardingConflictError, SpmdDisabledError
+from ..devices import check_mesh_fits, virtual_device
 from ..sharding import Mesh, PartitionSpec, ShardingType
 from ..transport import TensorState, check_current, upload
 from . import _seam
 from ._torch_device import TORCH_DEVICE
-from .tensor import XLAShardedTensor, unwrap
+from .tensor import XLAShardedTensor, describe, unwrap
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["clear_sharding", "mark_sharding", "to_device"]
+__all__ = ["clear_sharding", "mark_sharding", "to_device", "wrap_as_sharded_tensor", "wrap_if_sharded"]
 
 
 def _as_mesh(mesh: Mesh | Sequence[int]) -> Mesh:
@@ -29,10 +29,6 @@ def _as_mesh(mesh: Mesh | Sequence[int]) -> Mesh:
     if isinstance(mesh, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in mesh):
         return Mesh(range(math.prod(mesh)), tuple(mesh))  # the RFC's form: a mesh shape, ids in ordinal order
     raise TypeError(f"mark_sharding expects a Mesh or a mesh shape (tuple of ints), got {mesh!r}")
-
-
-def _plugin_label(vd: VirtualDevice) -> str:
-    return f"plugin {getattr(vd.plugin, 'name', None) or type(vd.plugin).__name__!r}"
 
 
 def mark_sharding(
@@ -73,11 +69,7 @@ def mark_sharding(
             "device. Call pjrt_plugins.spmd.use_spmd() or set XLA_USE_SPMD=1 before using the pjrt device."
         )
     mesh = _as_mesh(mesh)
-    if mesh.size() != vd.num_devices:
-        raise ShardingError(
-            f"mesh shape {mesh.mesh_shape} covers {mesh.size()} devices but the virtual device stands for "
-            f"{vd.num_devices} ({_plugin_label(vd)}); build the mesh over all {vd.num_devices} devices"
-        )
+    check_mesh_fits(mesh, vd)
     spec = mesh.get_op_sharding(partition_spec, rank=t.dim())
     spec.check_devices(vd.device_ids)
     current = data.annotation
@@ -135,3 +127,36 @@ def to_device(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(TORCH_DEVICE)
     raise TypeError(f"to_device expects a tensor or an nn.Module, got {type(obj).__name__}")
+
+
+def wrap_as_sharded_tensor(
+    t: torch.Tensor, mesh_shape: Sequence[int] | None = None, partition_spec: PartitionSpec | None = None
+) -> XLAShardedTensor:
+    """``t`` as an :class:`XLAShardedTensor` (PyTorch/XLA's ``xla_sharding.wrap_as_sharded_tensor``).
+
+    Every tensor on ``pjrt`` already is one and is returned as is; a CPU tensor is
+    placed on ``pjrt`` (nothing is uploaded). ``mesh_shape`` and ``partition_spec``,
+    if given, only describe it (its ``mesh_shape`` / ``partition_spec`` attributes),
+    as in PyTorch/XLA: they shard nothing (use :func:`mark_sharding` for that).
+
+    Example::
+
+        t = xs.wrap_as_sharded_tensor(torch.zeros(8, 4))   # a pjrt tensor, not yet uploaded
+        xs.wrap_as_sharded_tensor(t) is t                    # True
+    """
+    if not isinstance(t, XLAShardedTensor):
+        return XLAShardedTensor(t, mesh_shape, partition_spec)
+    if mesh_shape is not None or partition_spec is not None:
+        describe(t, mesh_shape, partition_spec)
+    return t
+
+
+def wrap_if_sharded(x: Any) -> Any:
+    """``x`` itself: a sharded tensor here is already an :class:`XLAShardedTensor` (PyTorch/XLA wraps its raw
+    sharded XLA tensors); anything else is returned unchanged too. Kept so ported code runs.
+
+    Example::
+
+        out = xs.wrap_if_sharded(model(x))   # the same tensor
+    """
+    return x

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy as _copy
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import EllipsisType
@@ -18,17 +19,17 @@ import torch
 from torch.optim import optimizer as torch_optimizer
 from torch.utils import _foreach_utils
 
-from ...errors import VirtualDeviceError
+from ...errors import ShardingError, VirtualDeviceError
 from ..devices import virtual_device
-from ..sharding import Mesh, ShardingSpec, ShardingType
-from ..transport import TensorData, TensorState, download_shard, gather, host_empty, upload
+from ..sharding import Mesh, OpSharding, ShardingType
+from ..transport import TensorData, TensorState, download_shard, gather, host_empty, upload, upload_shards
 from . import _seam
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
 from ._tracing_tensors import inner_of, is_tracing, outer_of, trace_dispatch, tracing_tensors_alive
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["XLAShard", "XLAShardedTensor", "copy_into", "materialize", "to_cpu", "unwrap", "wrap"]
+__all__ = ["XLAShard", "XLAShardedTensor", "copy_into", "describe", "materialize", "to_cpu", "unwrap", "wrap"]
 
 aten = torch.ops.aten
 
@@ -38,23 +39,32 @@ class XLAShard:
     """One device's piece of an :class:`XLAShardedTensor`.
 
     ``data`` is the (zero-padded) shard copied to the CPU, ``indices`` the
-    slices of the global tensor it covers (``...`` for a full replica),
-    ``shard_device`` the physical device (e.g. ``'cpu:3'``) and ``replica_id``
-    0 for tiled shards, the position in the replication group for partially
-    replicated ones and the device ordinal for replicated ones.
+    slices of the global tensor it covers, a list of ``slice(start, stop, 1)``
+    as in PyTorch/XLA (``...`` for a full replica), ``shard_device`` the
+    physical device (e.g. ``'cpu:3'``) and ``replica_id`` 0 for tiled shards,
+    the position in the replication group for partially replicated ones and
+    the device ordinal for replicated ones. Index a tensor with
+    ``t[tuple(shard.indices)]``.
     """
 
     data: torch.Tensor
-    indices: tuple[slice, ...] | EllipsisType
+    indices: list[slice] | EllipsisType
     shard_device: str
     replica_id: int
+
+    def _unpadded_index(self) -> tuple[slice, ...] | EllipsisType:
+        if self.indices is ...:
+            return ...
+        return tuple(slice(0, s.stop - s.start) for s in self.indices)
 
     @property
     def unpadded_data(self) -> torch.Tensor:
         """``data`` without the zero padding of a short tail shard."""
-        if self.indices is ...:
-            return self.data
-        return self.data[tuple(slice(0, s.stop - s.start) for s in self.indices)]
+        return self.data[self._unpadded_index()]
+
+    @unpadded_data.setter
+    def unpadded_data(self, value: torch.Tensor) -> None:
+        self.data[self._unpadded_index()] = value
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -74,7 +84,7 @@ class XLAShardedTensor(torch.Tensor):
         t = torch.arange(16.).reshape(4, 4).to("pjrt")          # deferred: nothing uploaded
         xs.mark_sharding(t, xs.Mesh(range(8), (2, 4)), (0, 1))  # one 2x1 shard per device
         t.sharding_spec              # '{devices=[2,4]0,1,2,3,4,5,6,7}'
-        t.local_shards[5].indices    # (slice(2, 4), slice(1, 2))
+        t.local_shards[5].indices    # [slice(2, 4, 1), slice(1, 2, 1)]
         t.cpu()                      # the whole 4x4 tensor again
     """
 
@@ -83,7 +93,9 @@ class XLAShardedTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @staticmethod
-    def __new__(cls, elem: Any, *, requires_grad: bool = False) -> XLAShardedTensor:
+    def __new__(cls, elem: Any, mesh_shape: Sequence[int] | None = None, partition_spec: Sequence[Any] | None = None,
+                *, requires_grad: bool = False) -> XLAShardedTensor:
+        # mesh_shape / partition_spec: PyTorch/XLA's descriptive metadata (see wrap_as_sharded_tensor).
         if isinstance(elem, TensorData):
             data = elem
         elif isinstance(elem, XLAShardedTensor):
@@ -94,13 +106,16 @@ class XLAShardedTensor(torch.Tensor):
             data = TensorData.from_host(elem)
         else:
             raise TypeError(f"XLAShardedTensor wraps a tensor, got {type(elem).__name__}")
-        return wrap(data, requires_grad, cls)
+        result = wrap(data, requires_grad, cls)
+        if mesh_shape is not None or partition_spec is not None:
+            describe(result, mesh_shape, partition_spec)
+        return result
 
     # -- what PyTorch/XLA users read -------------------------------------------------------
 
     @property
-    def sharding(self) -> ShardingSpec | None:
-        """The declared sharding as a :class:`ShardingSpec`, or ``None``."""
+    def sharding(self) -> OpSharding | None:
+        """The declared sharding as a :class:`OpSharding`, or ``None``."""
         return self._pjrt_data.annotation
 
     @property
@@ -117,19 +132,15 @@ class XLAShardedTensor(torch.Tensor):
 
     @property
     def mesh_shape(self) -> tuple[int, ...] | None:
-        """Shape of the mesh given to :func:`mark_sharding`, or ``None``."""
-        mark = self._pjrt_data_mark()
-        return mark[0].mesh_shape if mark else None
+        """Shape of the mesh given to :func:`mark_sharding` (or ``wrap_as_sharded_tensor``), or ``None``."""
+        mark = self._pjrt_data.mark
+        return mark[0].mesh_shape if mark and mark[0] is not None else None
 
     @property
     def partition_spec(self) -> tuple | None:
-        """The partition spec given to :func:`mark_sharding`, or ``None``."""
-        mark = self._pjrt_data_mark()
+        """The partition spec given to :func:`mark_sharding` (or ``wrap_as_sharded_tensor``), or ``None``."""
+        mark = self._pjrt_data.mark
         return mark[1] if mark else None
-
-    def _pjrt_data_mark(self) -> tuple[Mesh, tuple] | None:
-        data = self._pjrt_data
-        return data.mark if data.annotation is not None else None
 
     @property
     def global_tensor(self) -> torch.Tensor:
@@ -146,9 +157,57 @@ class XLAShardedTensor(torch.Tensor):
         vd = virtual_device()
         assert data.sharding is not None
         return [
-            XLAShard(download_shard(data, s.device), s.indices, vd.device_name(s.device), s.replica_id)
+            XLAShard(download_shard(data, s.device), _listed(s.indices), vd.device_name(s.device), s.replica_id)
             for s in data.sharding.shards(data.shape, vd.device_ids)
         ]
+
+    def load_local_shards_(self, shards: Sequence[XLAShard]) -> None:
+        """Replace this tensor's value by the given shards, one per device, keeping its sharding (in place).
+
+        ``shards`` are :class:`XLAShard` s (only ``data`` and ``shard_device`` are read),
+        one for each device, each of the padded shard shape, as ``local_shards`` returns
+        them. The tensor must carry a tiled sharding (``mark_sharding`` it first); a
+        replicated one is loaded with ``copy_``, as in PyTorch/XLA. Each device
+        receives only its shard. Raises :class:`~pjrt_plugins.errors.ShardingError`
+        (a ``ValueError``) naming what does not fit.
+
+        Example (8 devices)::
+
+            t = xs.mark_sharding(torch.zeros(16, 4).to("pjrt"), mesh, (0, None))
+            shards = t.local_shards
+            for s in shards:
+                s.data += 1
+            t.load_local_shards_(shards)   # t.cpu() is all ones
+        """
+        data = unwrap(self)
+        spec = data.annotation
+        if spec is None or spec.type not in (ShardingType.TILED, ShardingType.PARTIAL):
+            raise ShardingError(
+                "load_local_shards_ needs a tensor with a tiled sharding (mark_sharding it first); it has "
+                + ("none" if spec is None else f"{spec}: load a replicated tensor with copy_")
+            )
+        if data.view_of is not None:
+            raise ShardingError("load_local_shards_ cannot load into a view; load into the tensor it views")
+        vd = virtual_device()
+        ordinals = {vd.device_name(d): d for d in vd.device_ids}
+        pieces: list[torch.Tensor | None] = [None] * vd.num_devices
+        for shard in shards:
+            ordinal = ordinals.get(str(shard.shard_device))
+            if ordinal is None:
+                raise ShardingError(
+                    f"shard device {shard.shard_device!r} is not a device of {TORCH_DEVICE}; the devices are "
+                    f"{sorted(ordinals, key=ordinals.__getitem__)}"
+                )
+            if pieces[ordinal] is not None:
+                raise ShardingError(f"two shards are given for device {shard.shard_device!r}")
+            pieces[ordinal] = shard.data
+        missing = [vd.device_name(d) for d, piece in enumerate(pieces) if piece is None]
+        if missing:
+            raise ShardingError(f"shards must be given for every device; missing {missing}")
+        buffers = upload_shards(pieces, data.shape, data.dtype, spec, vd)  # type: ignore[arg-type]
+        materialize([data])  # a pending value is replaced: run what it depends on first
+        data.set_device(buffers, spec, vd.generation)
+        _contents_changed(data)
 
     # -- behaving like a plain tensor --------------------------------------------------------
 
@@ -290,6 +349,13 @@ def _join_foreach_types() -> None:
 _join_foreach_types()
 
 
+def _listed(indices: Any) -> list[slice] | EllipsisType:
+    """Shard indices as PyTorch/XLA reports them: a list of ``slice(start, stop, 1)``, or ``...``."""
+    if indices is ...:
+        return ...
+    return [slice(s.start, s.stop, 1) for s in indices]
+
+
 # -- wrapping ------------------------------------------------------------------------------
 
 
@@ -303,6 +369,19 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
                       requires_grad=requires_grad)
     r._pjrt_data = data
     return r
+
+
+def describe(tensor: XLAShardedTensor, mesh_shape: Sequence[int] | None, partition_spec: Sequence[Any] | None) -> None:
+    """Record ``mesh_shape`` / ``partition_spec`` as the tensor's description only (its sharding is unchanged)."""
+    data = unwrap(tensor)
+    mesh, spec = data.mark if data.mark is not None else (None, None)
+    if mesh_shape is not None:
+        shape = tuple(int(s) for s in mesh_shape)
+        if mesh is None or tuple(mesh.mesh_shape) != shape:
+            mesh = Mesh(range(math.prod(shape)), shape)
+    if partition_spec is not None:
+        spec = tuple(partition_spec)
+    data.mark = (mesh, spec)
 
 
 def unwrap(tensor: torch.Tensor) -> TensorData:
@@ -456,11 +535,21 @@ def _fill_host(func: Any, args: tuple, kwargs: dict) -> Any:
 
 @_handles(aten.clone.default)
 def _clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    # The copy is declared with the original's sharding at once, as in PyTorch/XLA (a pending copy gets it
+    # as a sharding constraint in the graph).
     data = unwrap(args[0])
-    if data.state is not TensorState.HOST:
-        return NotImplemented
-    assert data.host is not None
-    return wrap(TensorData.from_host(data.host))
+    if data.state is TensorState.HOST:
+        assert data.host is not None
+        result = wrap(TensorData.from_host(data.host))
+    else:
+        result = _route_to_engine(func, (type(args[0]),), args, kwargs)
+    if data.annotation is not None and isinstance(result, XLAShardedTensor):
+        new = result._pjrt_data
+        if new.annotation is None:
+            new.annotation, new.mark = data.annotation, data.mark
+            if new.state is TensorState.LAZY:
+                _seam.engine().on_mark_sharding(new)
+    return result
 
 
 @_handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default)

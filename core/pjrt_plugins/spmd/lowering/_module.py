@@ -20,7 +20,7 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
@@ -61,8 +61,8 @@ class LoweredModule:
     ops: dict[str, int] = field(default_factory=dict)
 
 
-def sharding_string(spec: ShardingSpec | str | None) -> str | None:
-    """The HLO sharding string of a ShardingSpec (a string passes through, None for unannotated)."""
+def sharding_string(spec: OpSharding | str | None) -> str | None:
+    """The HLO sharding string of a OpSharding (a string passes through, None for unannotated)."""
     if spec is None or isinstance(spec, str):
         return spec
     return spec.to_hlo()

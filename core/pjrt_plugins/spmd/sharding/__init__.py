@@ -6,17 +6,18 @@ state; every other layer builds on it. Not a public API: use ``pjrt_plugins.spmd
 
 from __future__ import annotations
 
-from ._hlo_sharding import Shard, ShardIndices, ShardingSpec, ShardingType, parse_sharding, parse_tuple_sharding
-from ._mesh import Mesh
+from ._hlo_sharding import OpSharding, Shard, ShardIndices, ShardingType, parse_sharding, parse_tuple_sharding
+from ._mesh import Mesh, hybrid_device_ids
 from ._partition_spec import PartitionSpec, normalize_partition_spec
 
 __all__ = [
     "Mesh",
+    "OpSharding",
     "PartitionSpec",
     "Shard",
     "ShardIndices",
-    "ShardingSpec",
     "ShardingType",
+    "hybrid_device_ids",
     "normalize_partition_spec",
     "parse_sharding",
     "parse_tuple_sharding",

@@ -17,7 +17,7 @@ from typing import Union
 from ...errors import ShardingError
 from ._partition_spec import PartitionSpec, as_int, normalize_partition_spec
 
-__all__ = ["Shard", "ShardingSpec", "ShardingType", "parse_sharding", "parse_tuple_sharding"]
+__all__ = ["OpSharding", "Shard", "ShardingType", "parse_sharding", "parse_tuple_sharding"]
 
 #: Shard indices: one slice per tensor dimension, or ``...`` for a full (replicated) copy.
 ShardIndices = Union[tuple[slice, ...], EllipsisType]
@@ -88,8 +88,12 @@ def _check_device_list(devices: Sequence[int], what: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class ShardingSpec:
-    """An HLO sharding: its kind, tile shape and flat tile assignment.
+class OpSharding:
+    """An HLO sharding (XLA's ``OpSharding``): its kind, tile shape and flat tile assignment.
+
+    Named after what ``Mesh.get_op_sharding`` returns in PyTorch/XLA (``torch_xla._XLAC.OpSharding``).
+    It is not PyTorch/XLA's ``xs.ShardingSpec``, the input-sharding spec of the data loaders
+    (:class:`pjrt_plugins.spmd.ShardingSpec`: a mesh and a partition spec).
 
     ``tile_shape`` has one entry per tensor dimension for ``TILED``, plus a
     trailing replication dimension for ``PARTIAL``; ``devices`` is the tile
@@ -99,7 +103,7 @@ class ShardingSpec:
     (and replica ids match the partitioner's). Build one with :meth:`from_partition_spec` or :meth:`parse`;
     ``str(spec)`` is the HLO string.
 
-    >>> spec = ShardingSpec.from_partition_spec((2, 4), range(8), (0, None))
+    >>> spec = OpSharding.from_partition_spec((2, 4), range(8), (0, None))
     >>> str(spec)
     '{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}'
     >>> spec.type.name, spec.shard_shape((5, 3))
@@ -141,27 +145,27 @@ class ShardingSpec:
             if self.tile_shape or self.devices:
                 raise ShardingError(f"a {kind.name.lower()} sharding has no tile shape or devices")
         else:
-            raise ShardingError("tuple shardings are lists of ShardingSpec; see parse_tuple_sharding")
+            raise ShardingError("tuple shardings are lists of OpSharding; see parse_tuple_sharding")
 
     # -- constructors ---------------------------------------------------------------
 
     @classmethod
-    def replicated(cls) -> ShardingSpec:
+    def replicated(cls) -> OpSharding:
         """Every device holds the whole tensor: ``{replicated}``."""
         return cls(ShardingType.REPLICATED)
 
     @classmethod
-    def maximal(cls, device: int) -> ShardingSpec:
+    def maximal(cls, device: int) -> OpSharding:
         """One device holds the whole tensor: ``{maximal device=N}``."""
         return cls(ShardingType.MAXIMAL, (), (as_int(device),))
 
     @classmethod
-    def manual(cls) -> ShardingSpec:
+    def manual(cls) -> OpSharding:
         """Each device holds its own data, outside the partitioner's control: ``{manual}``."""
         return cls(ShardingType.MANUAL)
 
     @classmethod
-    def tiled(cls, tile_shape: Sequence[int], devices: Sequence[int], *, replicate_last: bool = False) -> ShardingSpec:
+    def tiled(cls, tile_shape: Sequence[int], devices: Sequence[int], *, replicate_last: bool = False) -> OpSharding:
         """A tiled (or, with ``replicate_last``, partially replicated) sharding, normalized.
 
         Normalization follows XLA: a sharding that tiles nothing is
@@ -190,7 +194,7 @@ class ShardingSpec:
         axis_names: Sequence[str] | None = None,
         *,
         rank: int | None = None,
-    ) -> ShardingSpec:
+    ) -> OpSharding:
         """The sharding a partition spec gives on a logical mesh (PyTorch/XLA's rules).
 
         ``device_ids`` is the mesh's flat device list (the logical mesh is it,
@@ -199,9 +203,9 @@ class ShardingSpec:
         sorted), merging tupled axes, and flatten row-major; unused axes form a
         trailing replication dimension.
 
-        >>> str(ShardingSpec.from_partition_spec((2, 4), range(8), (1, 0)))
+        >>> str(OpSharding.from_partition_spec((2, 4), range(8), (1, 0)))
         '{devices=[4,2]0,4,1,5,2,6,3,7}'
-        >>> str(ShardingSpec.from_partition_spec((2, 2, 2), range(8), ((0, 2), None)))
+        >>> str(OpSharding.from_partition_spec((2, 2, 2), range(8), ((0, 2), None)))
         '{devices=[4,1,2]0,2,1,3,4,6,5,7 last_tile_dim_replicate}'
         """
         mesh_shape = tuple(as_int(s) for s in mesh_shape)
@@ -219,7 +223,7 @@ class ShardingSpec:
         return cls.tiled(tile_shape, devices, replicate_last=bool(unused))
 
     @classmethod
-    def parse(cls, text: str) -> ShardingSpec:
+    def parse(cls, text: str) -> OpSharding:
         """Read an HLO sharding string (see :func:`parse_sharding`)."""
         return parse_sharding(text)
 
@@ -245,7 +249,7 @@ class ShardingSpec:
         return self.to_hlo()
 
     def __repr__(self) -> str:
-        return f"ShardingSpec({self.to_hlo()!r})"
+        return f"OpSharding({self.to_hlo()!r})"
 
     # -- geometry -------------------------------------------------------------------
 
@@ -373,7 +377,7 @@ class ShardingSpec:
         ``device_ids`` are all devices of the virtual device; a tiled sharding
         must cover exactly those.
 
-        >>> spec = ShardingSpec.from_partition_spec((4,), range(4), (0,))
+        >>> spec = OpSharding.from_partition_spec((4,), range(4), (0,))
         >>> [(s.indices, s.shape, s.padded_shape) for s in spec.shards((5,), range(4))][-2:]
         [((slice(4, 5, None),), (1,), (2,)), ((slice(5, 5, None),), (0,), (2,))]
         """
@@ -391,7 +395,7 @@ _DEVICES_RE = re.compile(
 )
 
 
-def parse_sharding(text: str) -> ShardingSpec:
+def parse_sharding(text: str) -> OpSharding:
     """Read one HLO sharding string, as XLA prints it.
 
     Accepts ``{replicated}``, ``{manual}``, ``{unknown}``, ``{maximal device=N}``,
@@ -414,12 +418,12 @@ def parse_sharding(text: str) -> ShardingSpec:
         raise ShardingError(f"{text!r} is a tuple sharding; read it with parse_tuple_sharding")
     words = body.split()
     if body in ("replicated", "manual", "unknown"):
-        return ShardingSpec(ShardingType[body.upper()])
+        return OpSharding(ShardingType[body.upper()])
     if words and words[0] == "maximal":
         match = re.fullmatch(r"maximal\s+device=(\d+)", body)
         if not match:
             raise ShardingError(f"{text!r}: a maximal sharding reads '{{maximal device=N}}'")
-        return ShardingSpec.maximal(int(match.group(1)))
+        return OpSharding.maximal(int(match.group(1)))
     match = _DEVICES_RE.match(body)
     if not match:
         raise ShardingError(f"{text!r} is not an HLO sharding string this reader understands")
@@ -446,10 +450,10 @@ def parse_sharding(text: str) -> ShardingSpec:
         raise ShardingError(f"{text!r}: unexpected {rest!r} after the tile assignment")
     if math.prod(dims) != len(devices):
         raise ShardingError(f"{text!r}: tile shape {dims} has {math.prod(dims)} tiles but {len(devices)} devices")
-    return ShardingSpec.tiled(dims, devices, replicate_last=replicate_last)
+    return OpSharding.tiled(dims, devices, replicate_last=replicate_last)
 
 
-def parse_tuple_sharding(text: str) -> list[ShardingSpec]:
+def parse_tuple_sharding(text: str) -> list[OpSharding]:
     """Read a tuple sharding ``{{...}, {...}}`` (or a single sharding) as a list of specs.
 
     >>> [str(s) for s in parse_tuple_sharding("{{replicated}, {maximal device=1}}")]

@@ -5,6 +5,7 @@ A mesh only arranges device ids: it never opens a plugin or keeps process state.
 
 from __future__ import annotations
 
+import ast
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -13,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShardingError
-from ._hlo_sharding import ShardingSpec
+from ._hlo_sharding import OpSharding
 from ._partition_spec import PartitionSpec, as_int, normalize_partition_spec
 
-__all__ = ["Mesh"]
+__all__ = ["Mesh", "hybrid_device_ids"]
 
 
 class Mesh:
@@ -104,24 +105,56 @@ class Mesh:
             raise ShardingError(f"unknown mesh axis name {name!r}; the mesh axes are {self.axis_names}")
         return self.axis_names.index(name)
 
-    def get_op_sharding(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> ShardingSpec:
-        """The :class:`ShardingSpec` a partition spec gives on this mesh (``str()`` of it is the HLO string).
+    def get_op_sharding(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> OpSharding:
+        """The :class:`OpSharding` a partition spec gives on this mesh (``str()`` of it is the HLO string).
 
-        PyTorch/XLA returns its C++ ``OpSharding`` here; we return our own
-        :class:`ShardingSpec`, which prints as the same HLO sharding string and
-        also answers shard geometry questions. ``rank``, if given, must equal
-        ``len(partition_spec)``.
+        PyTorch/XLA returns its C++ ``torch_xla._XLAC.OpSharding`` here; ours is the
+        Python :class:`OpSharding` of the same name, which prints as the same HLO
+        sharding string and also answers shard geometry questions. ``rank``, if
+        given, must equal ``len(partition_spec)``.
 
         >>> str(Mesh(range(4), (2, 2)).get_op_sharding((1, 0)))
         '{devices=[2,2]0,2,1,3}'
         """
-        return ShardingSpec.from_partition_spec(
+        return OpSharding.from_partition_spec(
             self.mesh_shape, tuple(self.device_ids.tolist()), partition_spec, self.axis_names, rank=rank
         )
 
     def normalize_partition_spec(self, partition_spec: PartitionSpec, *, rank: int | None = None) -> tuple:
         """The spec as one tuple of axis indices per dimension; raises :class:`ShardingError` if invalid."""
         return normalize_partition_spec(partition_spec, self.mesh_shape, self.axis_names, rank=rank)
+
+    # -- text form (PyTorch/XLA's) -------------------------------------------------------
+
+    def __str__(self) -> str:
+        """PyTorch/XLA's text form, a dict literal that :meth:`from_str` reads back.
+
+        >>> str(Mesh(range(4), (2, 2), ("x", "y")))
+        "{'device_ids': [0, 1, 2, 3], 'mesh_shape': (2, 2), 'axis_names': ('x', 'y')}"
+        """
+        return (f"{{'device_ids': {self.device_ids.tolist()}, 'mesh_shape': {self.mesh_shape}, "
+                f"'axis_names': {self.axis_names}}}")
+
+    @classmethod
+    def from_str(cls, mesh_str: str) -> Mesh | None:
+        """The mesh ``str(mesh)`` describes, or ``None`` if the text is not such a description (PyTorch/XLA's rule).
+
+        Text that parses but describes an invalid mesh raises :class:`ShardingError`
+        naming the problem (PyTorch/XLA asserts there).
+
+        >>> Mesh.from_str(str(Mesh(range(4), (2, 2), ("x", "y")))) == Mesh(range(4), (2, 2), ("x", "y"))
+        True
+        >>> Mesh.from_str("not a mesh") is None
+        True
+        """
+        if not isinstance(mesh_str, str):
+            return None
+        try:
+            fields = ast.literal_eval(mesh_str.replace("Mesh", "", 1).strip())
+            device_ids, mesh_shape, axis_names = fields["device_ids"], fields["mesh_shape"], fields["axis_names"]
+        except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError):
+            return None
+        return cls(device_ids, mesh_shape, axis_names)
 
     # -- value semantics -----------------------------------------------------------------
 
@@ -137,3 +170,40 @@ class Mesh:
     def __repr__(self) -> str:
         names = f", axis_names={self.axis_names}" if self.axis_names is not None else ""
         return f"Mesh(device_ids={self.device_ids.tolist()}, mesh_shape={self.mesh_shape}{names})"
+
+
+def hybrid_device_ids(ici_mesh_shape: Sequence[int], dcn_mesh_shape: Sequence[int] | None = None) -> np.ndarray:
+    """Device ordinals laid out for a hybrid mesh: ``dcn_mesh_shape`` blocks of ``ici_mesh_shape`` devices each.
+
+    The devices form ``prod(dcn_mesh_shape)`` granules (slices, hosts) of consecutive
+    ordinals; each granule is laid out row-major as ``ici_mesh_shape`` and the granules
+    are placed as blocks of a ``dcn_mesh_shape`` grid (JAX's ``create_hybrid_device_mesh``),
+    so axis ``i`` has ``dcn[i] * ici[i]`` devices with the slow (DCN) index outermost.
+    Returns the ids as an array of that shape.
+
+    >>> hybrid_device_ids((1, 4), (2, 1)).tolist()
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> hybrid_device_ids((2, 2), (1, 2)).tolist()
+    [[0, 1, 4, 5], [2, 3, 6, 7]]
+    """
+    try:
+        ici = tuple(as_int(s) for s in ici_mesh_shape)
+        dcn = tuple(as_int(s) for s in dcn_mesh_shape) if dcn_mesh_shape is not None else (1,) * len(ici)
+    except TypeError:
+        raise ShardingError(
+            f"ici_mesh_shape and dcn_mesh_shape must be tuples of ints, got {ici_mesh_shape!r} and {dcn_mesh_shape!r}"
+        ) from None
+    if not ici or len(ici) != len(dcn):
+        raise ShardingError(
+            f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} must have the same number of axes (at least one)"
+        )
+    if any(s < 1 for s in ici + dcn):
+        raise ShardingError(f"mesh shapes {ici} and {dcn} must have axes of size 1 or more")
+    per_granule = math.prod(ici)
+    granules = np.arange(math.prod(dcn) * per_granule).reshape(math.prod(dcn), per_granule)
+    # grid[g_0..g_k, i_0..i_k]: granule (g) laid out by dcn, device (i) within it by ici; interleave the
+    # axes as (g_0, i_0, g_1, i_1, ...) and merge each pair.
+    grid = granules.reshape(dcn + ici)
+    rank = len(ici)
+    order = [axis for pair in zip(range(rank), range(rank, 2 * rank)) for axis in pair]
+    return grid.transpose(order).reshape(tuple(d * i for d, i in zip(dcn, ici)))

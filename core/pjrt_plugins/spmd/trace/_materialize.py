@@ -25,7 +25,7 @@ from ..execution import (
     plugin_identity,
     program_for,
 )
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 from ..transport import TensorData, TensorState, reshard_buffers, upload_host_tensor
 from ._output_specs import out_meta
 from ._record import key_value, raise_stale, spec_token
@@ -116,7 +116,7 @@ def _live_outputs(trace: Trace) -> dict[int, list[TensorData]]:
     return holders
 
 
-def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, ShardingSpec]) -> fx.Graph:
+def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) -> fx.Graph:
     """The torch.fx graph of ``trace``'s entries (on a compile-cache miss only): inputs are its placeholders,
     ``outputs`` its results, ``pins`` its sharding constraints."""
     graph = fx.Graph()
@@ -149,11 +149,11 @@ def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, ShardingSpec]
     if scalars:
         pool = graph.placeholder("scalars")
         pool.meta.update(val=torch.empty(len(scalars), dtype=torch.float64, device="meta"),
-                         sharding=ShardingSpec.replicated(), scalar_pool=True)
+                         sharding=OpSharding.replicated(), scalar_pool=True)
     if rng_rows:
         keys = graph.placeholder("rng_keys")
         keys.meta.update(val=torch.empty(rng_rows, 2, dtype=torch.uint64, device="meta"),
-                         sharding=ShardingSpec.replicated(), rng_keys=True)
+                         sharding=OpSharding.replicated(), rng_keys=True)
     graph.output(tuple(nodes[i] for i in outputs))
     return graph
 

@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 from ...errors import UnsupportedOpError, VirtualDeviceError
 from ..devices import next_rng_key, virtual_device
 from ..lowering import ScalarSlot
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 from ..transport import TensorData, TensorState, check_current, upload
 from ._op_info import SPECIAL_VALUES, OpInfo, op_info
 from ._output_specs import decomposition_output_spec, output_spec
@@ -71,7 +71,7 @@ def pending_ops() -> int:
 # -- argument keys ---------------------------------------------------------------------------
 
 
-def spec_token(spec: ShardingSpec) -> int:
+def spec_token(spec: OpSharding) -> int:
     """A small int standing for ``spec`` in keys (equal specs, one token)."""
     by_id = ENGINE.spec_tokens_by_id
     hit = by_id.get(id(spec))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import VirtualDeviceError
 from ..execution import PROGRAMS, ProgramCache
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 from ._trace import Step, Trace
 
 if TYPE_CHECKING:  # annotations only: _op_info reads this module
@@ -53,8 +53,8 @@ class EngineState:
         self.steps = 0
         self.op_infos: dict[int, OpInfo] = {}
         self.ops_by_id: list[OpInfo | None] = [None]
-        self.spec_tokens: dict[ShardingSpec, int] = {}
-        self.spec_tokens_by_id: dict[int, tuple[ShardingSpec, int]] = {}
+        self.spec_tokens: dict[OpSharding, int] = {}
+        self.spec_tokens_by_id: dict[int, tuple[OpSharding, int]] = {}
         self.meta_cache: dict[Any, Any] = {}
         self.decomposition_specs: dict[Any, Any] = {}
         self.last_scalars: tuple[tuple[float, ...], int, list[Any]] | None = None

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 from ..transport import TensorData
 
 __all__ = ["GETITEM", "INPUT", "LazyValue", "Step", "Trace", "TraceInput"]
@@ -48,7 +48,7 @@ class LazyValue:
         self.index = index
         self.base: weakref.ref[TensorData] | None = None
         self.view: Any = None
-        self.keep_sharding: ShardingSpec | None = None
+        self.keep_sharding: OpSharding | None = None
 
     @property
     def spec(self) -> tuple[str, tuple[int, ...], torch.dtype]:
@@ -108,7 +108,7 @@ class Trace:
         self.rng: list[tuple[int, int]] = []
         #: Weak references to every TensorData whose lazy value lives in this trace.
         self.values: list[weakref.ref[TensorData]] = []
-        self.pins: dict[int, ShardingSpec] = {}  # entry index -> sharding constraint (mark_sharding)
+        self.pins: dict[int, OpSharding] = {}  # entry index -> sharding constraint (mark_sharding)
         self.ops = 0
         self.error: BaseException | None = None
         self.done = False

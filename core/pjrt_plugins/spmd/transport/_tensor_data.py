@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...runtime import aligned_empty
-from ..sharding import ShardingSpec
+from ..sharding import OpSharding
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TensorData:
     - ``host``: the CPU tensor (contiguous, owned: nobody else writes it) in state HOST.
     - ``buffers``: in state DEVICE, a list indexed by device ordinal of runtime
       ``Buffer`` objects (padded shards), ``None`` for devices holding nothing.
-    - ``sharding``: in state DEVICE, the :class:`ShardingSpec` the buffers follow.
+    - ``sharding``: in state DEVICE, the :class:`OpSharding` the buffers follow.
     - ``lazy``: in state LAZY, the execution engine's graph value (opaque here).
     - ``annotation``: the declared sharding (``mark_sharding``, or the sharding
       the partitioner chose for an output), or ``None``. It is what
@@ -123,9 +123,9 @@ class TensorData:
         self.state = TensorState.HOST
         self.host: torch.Tensor | None = None
         self.buffers: list[Any] | None = None
-        self.sharding: ShardingSpec | None = None
+        self.sharding: OpSharding | None = None
         self.lazy: Any = None
-        self.annotation: ShardingSpec | None = None
+        self.annotation: OpSharding | None = None
         self.mark: tuple[Any, tuple] | None = None
         self.generation = 0
         self.id = _next_id()
@@ -205,10 +205,10 @@ class TensorData:
         self.recipe = None
         self.version += 1
 
-    def set_device(self, buffers: Sequence[Any], sharding: ShardingSpec, generation: int) -> None:
+    def set_device(self, buffers: Sequence[Any], sharding: OpSharding, generation: int) -> None:
         """Hold per-device ``buffers`` (indexed by device ordinal) laid out by ``sharding``."""
-        if not isinstance(sharding, ShardingSpec):
-            raise TypeError(f"sharding must be a ShardingSpec, got {type(sharding).__name__}")
+        if not isinstance(sharding, OpSharding):
+            raise TypeError(f"sharding must be a OpSharding, got {type(sharding).__name__}")
         sharding.check_rank(self.shape)
         self.buffers = list(buffers)
         self.sharding = sharding

@@ -16,7 +16,7 @@ import torch
 
 from ...errors import ShardingError, VirtualDeviceError
 from ..devices import VirtualDevice, count_download, count_upload, virtual_device
-from ..sharding import Shard, ShardingSpec, ShardingType
+from ..sharding import OpSharding, Shard, ShardingType
 from ._tensor_data import TensorData, TensorState, host_empty
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ __all__ = [
     "reshard_buffers",
     "upload",
     "upload_host_tensor",
+    "upload_shards",
 ]
 
 #: Gathers moving more than this use two threads.
@@ -61,7 +62,7 @@ def _shard_source(host: torch.Tensor, shard: Shard) -> tuple[torch.Tensor, bool]
 
 
 def upload_host_tensor(
-    host: torch.Tensor, sharding: ShardingSpec | None, vd: VirtualDevice | None = None, *, owned: bool = False
+    host: torch.Tensor, sharding: OpSharding | None, vd: VirtualDevice | None = None, *, owned: bool = False
 ) -> list[Any]:
     """Upload ``host`` (a CPU tensor) laid out by ``sharding`` (``None``: replicated).
 
@@ -74,7 +75,7 @@ def upload_host_tensor(
     memory.
     """
     vd = vd or virtual_device()
-    spec = sharding if sharding is not None else ShardingSpec.replicated()
+    spec = sharding if sharding is not None else OpSharding.replicated()
     if spec.type is ShardingType.MANUAL or spec.type is ShardingType.UNKNOWN:
         raise NotImplementedError(f"uploading a tensor with a {spec.type.name.lower()} sharding is not supported")
     if not vd.spmd and spec.type is not ShardingType.REPLICATED:
@@ -97,7 +98,46 @@ def upload_host_tensor(
     return buffers
 
 
-def upload(data: TensorData, sharding: ShardingSpec | None = None) -> TensorData:
+def upload_shards(
+    pieces: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, sharding: OpSharding,
+    vd: VirtualDevice | None = None,
+) -> list[Any]:
+    """Upload one given (padded) shard per device ordinal, laid out by a tiled ``sharding``; returns the buffers.
+
+    ``pieces[i]`` is what device ``i`` holds: a CPU tensor of the padded shard shape
+    (``sharding.shard_shape(shape)``), converted to ``dtype`` if needed. Each device receives
+    its piece only. Raises :class:`ShardingError` for a wrong count or shape of pieces.
+    """
+    vd = vd or virtual_device()
+    if sharding.type not in (ShardingType.TILED, ShardingType.PARTIAL):
+        raise ShardingError(f"per-device shards need a tiled sharding, not {sharding}")
+    sharding.check_rank(tuple(shape))
+    sharding.check_devices(vd.device_ids)
+    if len(pieces) != vd.num_devices:
+        raise ShardingError(
+            f"got {len(pieces)} shards for {vd.num_devices} devices; give one shard per device, in device order"
+        )
+    padded = sharding.shard_shape(shape)
+    for ordinal, piece in enumerate(pieces):
+        if not isinstance(piece, torch.Tensor) or piece.device.type != "cpu":
+            raise VirtualDeviceError(f"shard {ordinal} must be a CPU tensor, got {type(piece).__name__}"
+                                     f"{' on ' + str(piece.device) if isinstance(piece, torch.Tensor) else ''}")
+        if tuple(piece.shape) != padded:
+            raise ShardingError(
+                f"shard {ordinal} has shape {tuple(piece.shape)} but sharding {sharding} of a {tuple(shape)} tensor "
+                f"gives every device a padded shard of shape {padded} (padding included)"
+            )
+    buffers: list[Any] = [None] * vd.num_devices
+    for ordinal, piece in enumerate(pieces):
+        source = piece.detach().to(dtype)
+        if not source.is_contiguous():
+            source = source.contiguous()
+        buffers[ordinal] = vd.client.buffer_from_host(source, device=vd.devices[ordinal])
+        count_upload(ordinal, source.numel() * source.element_size())
+    return buffers
+
+
+def upload(data: TensorData, sharding: OpSharding | None = None) -> TensorData:
     """Move a HOST-state ``data`` onto the devices, laid out by ``sharding`` (``None``: replicated).
 
     This is how an unmarked tensor used in a computation gets there: the
@@ -106,7 +146,7 @@ def upload(data: TensorData, sharding: ShardingSpec | None = None) -> TensorData
     way is left alone; one laid out differently is gathered and re-uploaded.
     """
     vd = virtual_device()
-    spec = sharding if sharding is not None else ShardingSpec.replicated()
+    spec = sharding if sharding is not None else OpSharding.replicated()
     if data.state is TensorState.DEVICE:
         check_current(data, vd)
         if data.sharding == spec:
@@ -161,7 +201,7 @@ def download_shard(data: TensorData, ordinal: int) -> torch.Tensor:
 
 
 def gather_shards(
-    shape: Sequence[int], dtype: torch.dtype, sharding: ShardingSpec, buffers: Sequence[Any], device_ids: Sequence[int]
+    shape: Sequence[int], dtype: torch.dtype, sharding: OpSharding, buffers: Sequence[Any], device_ids: Sequence[int]
 ) -> torch.Tensor:
     """Assemble the global CPU tensor from per-device ``buffers``, reading one copy of each tile.
 
@@ -241,8 +281,8 @@ def gather(data: TensorData) -> torch.Tensor:
     return gather_shards(data.shape, data.dtype, data.sharding, data.buffers, vd.device_ids)
 
 
-def reshard_buffers(buffers: Sequence[Any], shape: Sequence[int], dtype: torch.dtype, have: ShardingSpec,
-                    want: ShardingSpec, vd: VirtualDevice) -> list[Any]:
+def reshard_buffers(buffers: Sequence[Any], shape: Sequence[int], dtype: torch.dtype, have: OpSharding,
+                    want: OpSharding, vd: VirtualDevice) -> list[Any]:
     """The tensor held by ``buffers`` (laid out by ``have``) laid out by ``want`` instead: gathered, uploaded again.
 
     For the rare program XLA compiles for other argument shardings than the ones its module

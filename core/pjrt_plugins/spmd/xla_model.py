@@ -1,0 +1,181 @@
+"""PyTorch/XLA's ``torch_xla.core.xla_model`` (``xm``) for SPMD code: the device, steps, RNG, saving.
+
+Port: ``import torch_xla.core.xla_model as xm`` becomes ``import pjrt_plugins.spmd.xla_model as xm``
+(and ``'xla'`` becomes ``'pjrt'``). One process drives every device through ``pjrt:0``, so the
+replica-level collectives of multi-process data parallelism (``all_reduce``, ``reduce_gradients``, ...)
+have nothing to do here: the partitioner inserts the collectives a sharded program needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import devices as _devices
+from . import runtime as _xr
+from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine
+from .frontend import send_cpu_data_to_device as _send
+from .frontend.tensor import XLAShardedTensor, materialize, to_cpu, unwrap
+
+__all__ = [
+    "fork_rng",
+    "get_local_ordinal",
+    "get_ordinal",
+    "get_rng_state",
+    "get_xla_supported_devices",
+    "is_master_ordinal",
+    "is_xla_tensor",
+    "mark_step",
+    "master_print",
+    "optimizer_step",
+    "rendezvous",
+    "save",
+    "send_cpu_data_to_device",
+    "set_rng_state",
+    "unlazy",
+    "wait_device_ops",
+    "xla_device",
+    "xla_device_hw",
+    "xla_device_kind",
+    "xrt_world_size",
+]
+
+_OFFSET_BITS = 64
+
+
+def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device:
+    """The virtual device ``pjrt:0`` (``n`` may be ``None`` or 0: it is the only device)."""
+    del devkind
+    if n not in (None, 0):
+        check_torch_device(torch.device("pjrt", n))
+    return TORCH_DEVICE
+
+
+def get_xla_supported_devices(max_devices: int | None = None) -> list[str]:
+    """``["pjrt:0"]``: in SPMD mode one device stands for all (PyTorch/XLA lists ``["xla:0"]`` there too)."""
+    return [str(TORCH_DEVICE)][: max_devices if max_devices else None]
+
+
+def is_xla_tensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is on the virtual device."""
+    return tensor.device.type == TORCH_DEVICE.type
+
+
+def get_ordinal() -> int:
+    """This process's global ordinal (0)."""
+    return _xr.global_ordinal()
+
+
+def get_local_ordinal() -> int:
+    """This process's ordinal on its host (0)."""
+    return _xr.local_ordinal()
+
+
+def xrt_world_size() -> int:
+    """The number of processes in the SPMD program (1)."""
+    return _xr.world_size()
+
+
+def is_master_ordinal(local: bool = True) -> bool:
+    """Whether this process is the master (always, with one process)."""
+    return (get_local_ordinal() if local else get_ordinal()) == 0
+
+
+def master_print(*args: Any, fd: TextIO | None = None, local: bool = False, flush: bool = False) -> None:
+    """``print`` on the master process only (to ``fd``, default the current ``sys.stdout``)."""
+    if is_master_ordinal(local=local):
+        print(*args, file=fd if fd is not None else sys.stdout, flush=flush)
+
+
+def xla_device_hw(device: str | torch.device) -> str:
+    """The hardware behind ``device`` (``pjrt:0``): the plugin's platform in upper case, e.g. ``"CPU"``."""
+    check_torch_device(device)
+    return str(_devices.virtual_device().client.platform_name).upper()
+
+
+def xla_device_kind(device: str | torch.device | None = None) -> str:
+    """The plugin's device kind string (e.g. ``"cpu"``, ``"NVIDIA H100 80GB HBM3"``)."""
+    check_torch_device(device)
+    return str(_devices.virtual_device().devices[0].kind)
+
+
+def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
+    """Run the pending step (``xs.sync()``)."""
+    engine().sync()
+
+
+def wait_device_ops(devices: Sequence[str] = ()) -> None:
+    """Wait for the devices to finish: programs run to completion as they are launched, so this returns at once."""
+
+
+def unlazy(tensors: Sequence[torch.Tensor]) -> None:
+    """Compute ``tensors`` now (the pending work they depend on runs)."""
+    materialize([unwrap(t) for t in tensors])
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, optimizer_args: dict | None = None,
+                   groups: Any = None, pin_layout: bool = True) -> Any:
+    """``optimizer.step(**optimizer_args)``, then ``mark_step()`` if ``barrier``; returns the step's result.
+
+    The gradients need no all-reduce: they are already the global ones (the partitioner reduces them).
+    """
+    result = optimizer.step(**(optimizer_args or {}))
+    if barrier:
+        mark_step()
+    return result
+
+
+def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: InputSharding = None) -> Any:
+    """Move the CPU tensors of ``datas`` onto ``pjrt``, each device receiving its shard only (see
+    :class:`pjrt_plugins.spmd.ShardingSpec`); a single tensor comes back as a one-item list."""
+    return _send(datas, device, input_sharding)
+
+
+def save(data: Any, file_or_path: Any, master_only: bool = True, global_master: bool = False) -> None:
+    """``torch.save`` of ``data`` with its pjrt tensors gathered to CPU tensors (by the master process)."""
+    if loaded_engine() is not None:
+        engine().sync()
+    cpu_data = pytree.tree_map(lambda v: to_cpu(v) if isinstance(v, XLAShardedTensor) else v, data)
+    if not master_only or is_master_ordinal(local=not global_master):
+        torch.save(cpu_data, file_or_path)
+
+
+def rendezvous(tag: str, payload: bytes = b"", replicas: Sequence[int] = ()) -> list[bytes]:
+    """Meet the other processes: with one process, returns ``[payload]`` at once."""
+    return [payload]
+
+
+def set_rng_state(seed: int, device: str | None = None) -> None:
+    """Restart the device's random stream from ``seed`` (or from a value :func:`get_rng_state` returned)."""
+    check_torch_device(device)
+    seed = int(seed)
+    _devices.set_rng_state(seed & ((1 << _OFFSET_BITS) - 1), seed >> _OFFSET_BITS)
+
+
+def get_rng_state(device: str | None = None) -> int:
+    """The device's random state as an int: the seed, plus the stream's position above bit 64.
+
+    Right after ``set_rng_state(s)`` (or ``torch.manual_seed(s)``) it is ``s``; giving a value
+    back to :func:`set_rng_state` makes the next random ops draw the same numbers again.
+    """
+    check_torch_device(device)
+    seed, offset = _devices.rng_state()
+    return int(seed) | (int(offset) << _OFFSET_BITS)
+
+
+@contextlib.contextmanager
+def fork_rng(device: str | None = None, enabled: bool = True) -> Iterator[None]:
+    """Restore the device's random state when the block ends."""
+    if not enabled:
+        yield
+        return
+    state = get_rng_state(device)
+    try:
+        yield
+    finally:
+        set_rng_state(state, device)
