@@ -52,7 +52,10 @@ def test_a_plugin_that_fails_to_import_warns_and_the_others_still_work(site, run
     assert "PluginWarning" in warning
     assert "'broken' from broken-import 2.0.1" in warning
     assert "ImportError: libfoo_runtime.so.3: cannot open shared object file" in warning
-    assert "good" not in warning.replace("good_", "")  # the healthy plugin is not mentioned
+    # The healthy plugin is not mentioned. (Python 3.13 echoes the warning's source line, which is this
+    # test's own code naming "good": that line is not the warning's text.)
+    mentions = [line for line in warning.splitlines() if "good" in line.replace("good_", "")]
+    assert all('p.get_plugin("good")' in line for line in mentions), warning
     data = result.json()
     assert data["names"] == ["good"]
     assert data["good"].endswith("good.py")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -112,10 +113,14 @@ def test_a_vendor_generates_builds_installs_and_conforms_a_plugin(user, release_
 
 
 def _cpu_torch_wheelhouse() -> Path:
-    """The local folder holding torch's CPU build (this machine's stand-in for PyTorch's CPU index)."""
-    for folder in os.environ.get("PIP_FIND_LINKS", "").split():
-        if any(Path(folder).glob("torch-*+cpu-*.whl")):
-            return Path(folder)
+    """The local folder holding torch's CPU build for this Python (this machine's stand-in for PyTorch's CPU index)."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    folders = [Path(folder) for folder in os.environ.get("PIP_FIND_LINKS", "").split()]
+    for folder in folders:
+        if any(folder.glob(f"torch-*+cpu-{tag}-*.whl")):
+            return folder
+    if any(any(folder.glob("torch-*+cpu-*.whl")) for folder in folders):  # scripts/test-matrix on 3.12+
+        pytest.skip(f"PIP_FIND_LINKS has torch CPU wheels, none for {tag}; this test runs where scripts/setup's does")
     pytest.fail("no torch CPU wheel in PIP_FIND_LINKS: scripts/setup installs torch's CPU build from there")
 
 

@@ -1,8 +1,13 @@
-"""Our cffi declarations of the PJRT C API, laid out as the 0.114 header; the single ABI source.
+"""Our cffi declarations of the PJRT C API, laid out as the 0.117 header; the single ABI source.
 
 Every layout fact the runtime relies on lives here: the args structs we call with, the
 PJRT_Api slot order (slot i at byte 40 + 8*i) and the API minor that added each slot.
 STRUCT_SIZE is derived from cffi in one place. Never write an offset anywhere else.
+
+The header these declarations follow is XLA's ``xla/pjrt/c/pjrt_c_api.h`` at
+``PJRT_API_MINOR 117``, as shipped in the tf-nightly 2.23.0.dev20261026 wheel
+(``tensorflow/include/xla/pjrt/c/pjrt_c_api.h``, Apache-2.0). tests/runtime/test_abi.py
+compiles it, and the 0.81 header of the xla-cpu-pjrt wheel, against these declarations.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import cffi
 #: The major version we speak. A major bump is an ABI break.
 API_MAJOR = 0
 #: The newest header layout these declarations follow.
-HEADER_MINOR = 114
+HEADER_MINOR = 117
 #: The oldest plugin minor we accept. PJRT 0.57 rearranged the function slots of PJRT_Api
 #: ("Rearranged fields in the PJRT_Api", changelog 0.57), so below it slot i does not hold
 #: the function our table names and a call would jump into the wrong function with the
@@ -25,8 +30,8 @@ MIN_SUPPORTED_MINOR = 57
 
 # ---------------------------------------------------------------------------------------
 # Types. Written for this project from the published layout (the 0.81 header shipped with
-# the CPU plugin wheel, plus the fields appended up to 0.114). Valid C: the ABI test feeds
-# this text to gcc as well as to cffi.
+# the CPU plugin wheel, plus the fields appended up to 0.117, read in the 0.117 header named
+# above). Valid C: the ABI test feeds this text to gcc as well as to cffi.
 # ---------------------------------------------------------------------------------------
 _TYPES = r"""
 typedef enum {
@@ -670,6 +675,8 @@ typedef struct {
   bool use_major_to_minor_data_layout_for_callbacks;
   PJRT_HloOutputCallbackInfo* hlo_output_callbacks;
   size_t num_hlo_output_callbacks;
+  const PJRT_NamedValue* custom_options;
+  size_t num_custom_options;
 } PJRT_ExecuteOptions;
 
 typedef struct {
@@ -1057,161 +1064,168 @@ class Slot(NamedTuple):
     added: int
 
 
-# Slots that exist in every plugin we support carry MIN_SUPPORTED_MINOR as "added".
-_M = MIN_SUPPORTED_MINOR
+def _called(name: str, added: int = MIN_SUPPORTED_MINOR) -> Slot:
+    """A slot the runtime calls, with its args struct ``{name}_Args``. ``added`` defaults to
+    MIN_SUPPORTED_MINOR: the slot is in every plugin we accept."""
+    return Slot(name, f"{name}_Args", added)
 
 
-def _s(name: str, args: str | None = "", added: int = _M) -> Slot:
-    if args == "":
-        args = f"{name}_Args"
-    return Slot(name, args, added)
+def _uncalled(name: str, added: int = MIN_SUPPORTED_MINOR) -> Slot:
+    """A slot the runtime never calls: declared untyped (``args is None``), still gated."""
+    return Slot(name, None, added)
+
+
+#: The newest minor that can have added a slot or field the changelog we could read (it stops
+#: at 0.105) does not mention: the oldest layout we read that has it. Such entries are upper
+#: bounds (reported as "by 0.N").
+_IN_LAYOUT_0_114 = 114
+_IN_LAYOUT_0_117 = 117
 
 
 #: PJRT_Api's function-pointer slots in declaration order: slot i lives at 40 + 8*i.
 #: ``args is None`` marks a slot we never call (declared untyped, still gated).
 API_SLOTS: tuple[Slot, ...] = (
-    _s("PJRT_Error_Destroy"),
-    _s("PJRT_Error_Message"),
-    _s("PJRT_Error_GetCode"),
-    _s("PJRT_Plugin_Initialize"),
-    _s("PJRT_Plugin_Attributes"),
-    _s("PJRT_Event_Destroy"),
-    _s("PJRT_Event_IsReady"),
-    _s("PJRT_Event_Error"),
-    _s("PJRT_Event_Await"),
-    _s("PJRT_Event_OnReady"),
-    _s("PJRT_Client_Create"),
-    _s("PJRT_Client_Destroy"),
-    _s("PJRT_Client_PlatformName"),
-    _s("PJRT_Client_ProcessIndex"),
-    _s("PJRT_Client_PlatformVersion"),
-    _s("PJRT_Client_Devices"),
-    _s("PJRT_Client_AddressableDevices"),
-    _s("PJRT_Client_LookupDevice"),
-    _s("PJRT_Client_LookupAddressableDevice"),
-    _s("PJRT_Client_AddressableMemories"),
-    _s("PJRT_Client_Compile"),
-    _s("PJRT_Client_DefaultDeviceAssignment"),
-    _s("PJRT_Client_BufferFromHostBuffer"),
-    _s("PJRT_DeviceDescription_Id"),
-    _s("PJRT_DeviceDescription_ProcessIndex"),
-    _s("PJRT_DeviceDescription_Attributes"),
-    _s("PJRT_DeviceDescription_Kind"),
-    _s("PJRT_DeviceDescription_DebugString"),
-    _s("PJRT_DeviceDescription_ToString"),
-    _s("PJRT_Device_GetDescription"),
-    _s("PJRT_Device_IsAddressable"),
-    _s("PJRT_Device_LocalHardwareId"),
-    _s("PJRT_Device_AddressableMemories"),
-    _s("PJRT_Device_DefaultMemory"),
-    _s("PJRT_Device_MemoryStats", None),
-    _s("PJRT_Memory_Id"),
-    _s("PJRT_Memory_Kind"),
-    _s("PJRT_Memory_DebugString"),
-    _s("PJRT_Memory_ToString"),
-    _s("PJRT_Memory_AddressableByDevices"),
-    _s("PJRT_Executable_Destroy"),
-    _s("PJRT_Executable_Name"),
-    _s("PJRT_Executable_NumReplicas"),
-    _s("PJRT_Executable_NumPartitions"),
-    _s("PJRT_Executable_NumOutputs"),
-    _s("PJRT_Executable_SizeOfGeneratedCodeInBytes"),
-    _s("PJRT_Executable_GetCostAnalysis"),
-    _s("PJRT_Executable_OutputMemoryKinds"),
-    _s("PJRT_Executable_OptimizedProgram"),
-    _s("PJRT_Executable_Serialize"),
-    _s("PJRT_LoadedExecutable_Destroy"),
-    _s("PJRT_LoadedExecutable_GetExecutable"),
-    _s("PJRT_LoadedExecutable_AddressableDevices"),
-    _s("PJRT_LoadedExecutable_Delete"),
-    _s("PJRT_LoadedExecutable_IsDeleted"),
-    _s("PJRT_LoadedExecutable_Execute"),
-    _s("PJRT_Executable_DeserializeAndLoad"),
-    _s("PJRT_LoadedExecutable_Fingerprint"),
-    _s("PJRT_Buffer_Destroy"),
-    _s("PJRT_Buffer_ElementType"),
-    _s("PJRT_Buffer_Dimensions"),
-    _s("PJRT_Buffer_UnpaddedDimensions"),
-    _s("PJRT_Buffer_DynamicDimensionIndices", None),
-    _s("PJRT_Buffer_GetMemoryLayout"),
-    _s("PJRT_Buffer_OnDeviceSizeInBytes"),
-    _s("PJRT_Buffer_Device"),
-    _s("PJRT_Buffer_Memory"),
-    _s("PJRT_Buffer_Delete"),
-    _s("PJRT_Buffer_IsDeleted"),
-    _s("PJRT_Buffer_CopyToDevice"),
-    _s("PJRT_Buffer_ToHostBuffer"),
-    _s("PJRT_Buffer_IsOnCpu"),
-    _s("PJRT_Buffer_ReadyEvent"),
-    _s("PJRT_Buffer_UnsafePointer", None),
-    _s("PJRT_Buffer_IncreaseExternalReferenceCount"),
-    _s("PJRT_Buffer_DecreaseExternalReferenceCount"),
-    _s("PJRT_Buffer_OpaqueDeviceMemoryDataPointer"),
-    _s("PJRT_CopyToDeviceStream_Destroy", None),
-    _s("PJRT_CopyToDeviceStream_AddChunk", None),
-    _s("PJRT_CopyToDeviceStream_TotalBytes", None),
-    _s("PJRT_CopyToDeviceStream_GranuleSize", None),
-    _s("PJRT_CopyToDeviceStream_CurrentBytes", None),
-    _s("PJRT_TopologyDescription_Create", None),
-    _s("PJRT_TopologyDescription_Destroy", None),
-    _s("PJRT_TopologyDescription_PlatformName", None),
-    _s("PJRT_TopologyDescription_PlatformVersion", None),
-    _s("PJRT_TopologyDescription_GetDeviceDescriptions", None),
-    _s("PJRT_TopologyDescription_Serialize", None),
-    _s("PJRT_TopologyDescription_Attributes", None),
-    _s("PJRT_Compile", None),
+    _called("PJRT_Error_Destroy"),
+    _called("PJRT_Error_Message"),
+    _called("PJRT_Error_GetCode"),
+    _called("PJRT_Plugin_Initialize"),
+    _called("PJRT_Plugin_Attributes"),
+    _called("PJRT_Event_Destroy"),
+    _called("PJRT_Event_IsReady"),
+    _called("PJRT_Event_Error"),
+    _called("PJRT_Event_Await"),
+    _called("PJRT_Event_OnReady"),
+    _called("PJRT_Client_Create"),
+    _called("PJRT_Client_Destroy"),
+    _called("PJRT_Client_PlatformName"),
+    _called("PJRT_Client_ProcessIndex"),
+    _called("PJRT_Client_PlatformVersion"),
+    _called("PJRT_Client_Devices"),
+    _called("PJRT_Client_AddressableDevices"),
+    _called("PJRT_Client_LookupDevice"),
+    _called("PJRT_Client_LookupAddressableDevice"),
+    _called("PJRT_Client_AddressableMemories"),
+    _called("PJRT_Client_Compile"),
+    _called("PJRT_Client_DefaultDeviceAssignment"),
+    _called("PJRT_Client_BufferFromHostBuffer"),
+    _called("PJRT_DeviceDescription_Id"),
+    _called("PJRT_DeviceDescription_ProcessIndex"),
+    _called("PJRT_DeviceDescription_Attributes"),
+    _called("PJRT_DeviceDescription_Kind"),
+    _called("PJRT_DeviceDescription_DebugString"),
+    _called("PJRT_DeviceDescription_ToString"),
+    _called("PJRT_Device_GetDescription"),
+    _called("PJRT_Device_IsAddressable"),
+    _called("PJRT_Device_LocalHardwareId"),
+    _called("PJRT_Device_AddressableMemories"),
+    _called("PJRT_Device_DefaultMemory"),
+    _uncalled("PJRT_Device_MemoryStats"),
+    _called("PJRT_Memory_Id"),
+    _called("PJRT_Memory_Kind"),
+    _called("PJRT_Memory_DebugString"),
+    _called("PJRT_Memory_ToString"),
+    _called("PJRT_Memory_AddressableByDevices"),
+    _called("PJRT_Executable_Destroy"),
+    _called("PJRT_Executable_Name"),
+    _called("PJRT_Executable_NumReplicas"),
+    _called("PJRT_Executable_NumPartitions"),
+    _called("PJRT_Executable_NumOutputs"),
+    _called("PJRT_Executable_SizeOfGeneratedCodeInBytes"),
+    _called("PJRT_Executable_GetCostAnalysis"),
+    _called("PJRT_Executable_OutputMemoryKinds"),
+    _called("PJRT_Executable_OptimizedProgram"),
+    _called("PJRT_Executable_Serialize"),
+    _called("PJRT_LoadedExecutable_Destroy"),
+    _called("PJRT_LoadedExecutable_GetExecutable"),
+    _called("PJRT_LoadedExecutable_AddressableDevices"),
+    _called("PJRT_LoadedExecutable_Delete"),
+    _called("PJRT_LoadedExecutable_IsDeleted"),
+    _called("PJRT_LoadedExecutable_Execute"),
+    _called("PJRT_Executable_DeserializeAndLoad"),
+    _called("PJRT_LoadedExecutable_Fingerprint"),
+    _called("PJRT_Buffer_Destroy"),
+    _called("PJRT_Buffer_ElementType"),
+    _called("PJRT_Buffer_Dimensions"),
+    _called("PJRT_Buffer_UnpaddedDimensions"),
+    _uncalled("PJRT_Buffer_DynamicDimensionIndices"),
+    _called("PJRT_Buffer_GetMemoryLayout"),
+    _called("PJRT_Buffer_OnDeviceSizeInBytes"),
+    _called("PJRT_Buffer_Device"),
+    _called("PJRT_Buffer_Memory"),
+    _called("PJRT_Buffer_Delete"),
+    _called("PJRT_Buffer_IsDeleted"),
+    _called("PJRT_Buffer_CopyToDevice"),
+    _called("PJRT_Buffer_ToHostBuffer"),
+    _called("PJRT_Buffer_IsOnCpu"),
+    _called("PJRT_Buffer_ReadyEvent"),
+    _uncalled("PJRT_Buffer_UnsafePointer"),
+    _called("PJRT_Buffer_IncreaseExternalReferenceCount"),
+    _called("PJRT_Buffer_DecreaseExternalReferenceCount"),
+    _called("PJRT_Buffer_OpaqueDeviceMemoryDataPointer"),
+    _uncalled("PJRT_CopyToDeviceStream_Destroy"),
+    _uncalled("PJRT_CopyToDeviceStream_AddChunk"),
+    _uncalled("PJRT_CopyToDeviceStream_TotalBytes"),
+    _uncalled("PJRT_CopyToDeviceStream_GranuleSize"),
+    _uncalled("PJRT_CopyToDeviceStream_CurrentBytes"),
+    _uncalled("PJRT_TopologyDescription_Create"),
+    _uncalled("PJRT_TopologyDescription_Destroy"),
+    _uncalled("PJRT_TopologyDescription_PlatformName"),
+    _uncalled("PJRT_TopologyDescription_PlatformVersion"),
+    _uncalled("PJRT_TopologyDescription_GetDeviceDescriptions"),
+    _uncalled("PJRT_TopologyDescription_Serialize"),
+    _uncalled("PJRT_TopologyDescription_Attributes"),
+    _uncalled("PJRT_Compile"),
     # Appended after the original table (changelog minors; all below 0.57 are present in
     # every plugin we accept, so they carry MIN_SUPPORTED_MINOR).
-    _s("PJRT_Executable_OutputElementTypes"),
-    _s("PJRT_Executable_OutputDimensions"),
-    _s("PJRT_Buffer_CopyToMemory", None),
-    _s("PJRT_Client_CreateViewOfDeviceBuffer", None),
-    _s("PJRT_Executable_Fingerprint"),
-    _s("PJRT_Client_TopologyDescription", None),
-    _s("PJRT_Executable_GetCompiledMemoryStats", None),
-    _s("PJRT_Memory_Kind_Id"),
-    _s("PJRT_ExecuteContext_Create", None),
-    _s("PJRT_ExecuteContext_Destroy", None),
-    _s("PJRT_Buffer_CopyRawToHost"),
-    _s("PJRT_AsyncHostToDeviceTransferManager_Destroy", None),
-    _s("PJRT_AsyncHostToDeviceTransferManager_TransferData", None),
-    _s("PJRT_Client_CreateBuffersForAsyncHostToDevice", None, 60),
-    _s("PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer", None, 62),
-    _s("PJRT_AsyncHostToDeviceTransferManager_Device", None, 62),
-    _s("PJRT_AsyncHostToDeviceTransferManager_BufferCount", None, 62),
-    _s("PJRT_AsyncHostToDeviceTransferManager_BufferSize", None, 62),
-    _s("PJRT_AsyncHostToDeviceTransferManager_SetBufferError", None, 62),
-    _s("PJRT_AsyncHostToDeviceTransferManager_AddMetadata", None, 62),
-    _s("PJRT_Client_DmaMap", None, 67),
-    _s("PJRT_Client_DmaUnmap", None, 67),
-    _s("PJRT_Client_CreateUninitializedBuffer", None, 69),
-    _s("PJRT_Client_UpdateGlobalProcessInfo", None, 73),
-    _s("PJRT_TopologyDescription_Deserialize", None, 75),
-    _s("PJRT_Client_CreateAliasBuffer", None, 77),
-    _s("PJRT_Client_FulfillAliasBuffer", None, 77),
-    _s("PJRT_LoadedExecutable_GetDeviceAssignment", None, 79),
-    _s("PJRT_Client_CreateErrorBuffer", None, 82),
-    _s("PJRT_AsyncHostToDeviceTransferManager_TransferLiteral", None, 83),
-    _s("PJRT_Buffer_CopyRawToHostFuture", None, 84),
-    _s("PJRT_Device_PoisonExecution", None, 85),
-    _s("PJRT_Device_CreateAsyncTrackingEvent", None, 86),
-    _s("PJRT_AsyncTrackingEvent_Destroy", None, 86),
-    _s("PJRT_Executable_GetCompileOptions", None, 87),
-    _s("PJRT_Buffer_DonateWithControlDependency", None, 88),
-    _s("PJRT_Event_Create", None, 89),
-    _s("PJRT_Event_Set", None, 89),
-    _s("PJRT_Device_GetAttributes", None, 92),
-    _s("PJRT_Client_Load", None, 95),
-    _s("PJRT_LoadedExecutable_AddressableDeviceLogicalIds", None, 96),
-    _s("PJRT_Buffer_Bitcast", None, 98),
-    _s("PJRT_Error_ForEachPayload", None, 99),
-    _s("PJRT_TopologyDescription_Fingerprint", None, 101),
-    _s("PJRT_Executable_ParameterMemoryKinds", None, 102),
-    _s("PJRT_Device_ClearMemoryStats", None, 106),
-    # The changelog we could read stops at 0.105; these two are in the 0.114 layout, so
-    # 0.114 is the newest minor that can have added them (reported as "by 0.114").
-    _s("PJRT_TopologyDescription_MakeCanonicalShapeForMemorySpace", None, HEADER_MINOR),
-    _s("PJRT_TopologyDescription_GetMemorySpaceKindIds", None, HEADER_MINOR),
+    _called("PJRT_Executable_OutputElementTypes"),
+    _called("PJRT_Executable_OutputDimensions"),
+    _uncalled("PJRT_Buffer_CopyToMemory"),
+    _uncalled("PJRT_Client_CreateViewOfDeviceBuffer"),
+    _called("PJRT_Executable_Fingerprint"),
+    _uncalled("PJRT_Client_TopologyDescription"),
+    _uncalled("PJRT_Executable_GetCompiledMemoryStats"),
+    _called("PJRT_Memory_Kind_Id"),
+    _uncalled("PJRT_ExecuteContext_Create"),
+    _uncalled("PJRT_ExecuteContext_Destroy"),
+    _called("PJRT_Buffer_CopyRawToHost"),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_Destroy"),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_TransferData"),
+    _uncalled("PJRT_Client_CreateBuffersForAsyncHostToDevice", 60),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer", 62),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_Device", 62),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_BufferCount", 62),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_BufferSize", 62),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_SetBufferError", 62),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_AddMetadata", 62),
+    _uncalled("PJRT_Client_DmaMap", 67),
+    _uncalled("PJRT_Client_DmaUnmap", 67),
+    _uncalled("PJRT_Client_CreateUninitializedBuffer", 69),
+    _uncalled("PJRT_Client_UpdateGlobalProcessInfo", 73),
+    _uncalled("PJRT_TopologyDescription_Deserialize", 75),
+    _uncalled("PJRT_Client_CreateAliasBuffer", 77),
+    _uncalled("PJRT_Client_FulfillAliasBuffer", 77),
+    _uncalled("PJRT_LoadedExecutable_GetDeviceAssignment", 79),
+    _uncalled("PJRT_Client_CreateErrorBuffer", 82),
+    _uncalled("PJRT_AsyncHostToDeviceTransferManager_TransferLiteral", 83),
+    _uncalled("PJRT_Buffer_CopyRawToHostFuture", 84),
+    _uncalled("PJRT_Device_PoisonExecution", 85),
+    _uncalled("PJRT_Device_CreateAsyncTrackingEvent", 86),
+    _uncalled("PJRT_AsyncTrackingEvent_Destroy", 86),
+    _uncalled("PJRT_Executable_GetCompileOptions", 87),
+    _uncalled("PJRT_Buffer_DonateWithControlDependency", 88),
+    _uncalled("PJRT_Event_Create", 89),
+    _uncalled("PJRT_Event_Set", 89),
+    _uncalled("PJRT_Device_GetAttributes", 92),
+    _uncalled("PJRT_Client_Load", 95),
+    _uncalled("PJRT_LoadedExecutable_AddressableDeviceLogicalIds", 96),
+    _uncalled("PJRT_Buffer_Bitcast", 98),
+    _uncalled("PJRT_Error_ForEachPayload", 99),
+    _uncalled("PJRT_TopologyDescription_Fingerprint", 101),
+    _uncalled("PJRT_Executable_ParameterMemoryKinds", 102),
+    _uncalled("PJRT_Device_ClearMemoryStats", 106),
+    # Not in the changelog we could read, but in the 0.114 layout: added by 0.114.
+    _uncalled("PJRT_TopologyDescription_MakeCanonicalShapeForMemorySpace", _IN_LAYOUT_0_114),
+    _uncalled("PJRT_TopologyDescription_GetMemorySpaceKindIds", _IN_LAYOUT_0_114),
 )
 
 #: Slots whose exact introducing minor is unknown (only an upper bound is).
@@ -1223,10 +1237,12 @@ ADDED_BY_AT_LATEST = frozenset(
 #: minor that added them (an upper bound where the changelog is silent).
 FIELDS_ADDED_AFTER_0_81: dict[tuple[str, str], int] = {
     ("PJRT_ExecuteOptions", "multi_slice_config"): 97,
-    ("PJRT_ExecuteOptions", "use_major_to_minor_data_layout_for_callbacks"): HEADER_MINOR,
-    ("PJRT_ExecuteOptions", "hlo_output_callbacks"): HEADER_MINOR,
-    ("PJRT_ExecuteOptions", "num_hlo_output_callbacks"): HEADER_MINOR,
-    ("PJRT_Executable_DeserializeAndLoad_Args", "load_options"): HEADER_MINOR,
+    ("PJRT_ExecuteOptions", "use_major_to_minor_data_layout_for_callbacks"): _IN_LAYOUT_0_114,
+    ("PJRT_ExecuteOptions", "hlo_output_callbacks"): _IN_LAYOUT_0_114,
+    ("PJRT_ExecuteOptions", "num_hlo_output_callbacks"): _IN_LAYOUT_0_114,
+    ("PJRT_ExecuteOptions", "custom_options"): _IN_LAYOUT_0_117,
+    ("PJRT_ExecuteOptions", "num_custom_options"): _IN_LAYOUT_0_117,
+    ("PJRT_Executable_DeserializeAndLoad_Args", "load_options"): _IN_LAYOUT_0_114,
 }
 
 #: Fields that plugins at or above MIN_SUPPORTED_MINOR may still lack, with the minor that

@@ -52,17 +52,18 @@ static size_t element_size(PJRT_Buffer_Type type) {
   }
 }
 
-/* Only the default layout (dense, major-to-minor) is supported. */
+/* Only the default layout (dense, major-to-minor) is supported.
+ *
+ * The layout's own struct_size (and that of the tiled and strides structs inside it) is
+ * never read. XLA's C++ client (PjRtCApiClient: JAX, torch_xla) fills the layouts it
+ * passes as host_layout and device_layout with pjrt::ConvertToBufferMemoryLayoutData,
+ * which sets `type` and the tiled fields only: struct_size is whatever was on its stack
+ * (seen as 1, at random, under jax 0.12), and XLA's own plugins do not read it either.
+ * Which fields exist is settled by the args struct that points here, whose struct_size
+ * was checked: PJRT_Buffer_MemoryLayout has not changed since it was added. */
 static PJRT_Error* check_dense_layout(const PJRT_Buffer_MemoryLayout* layout, size_t num_dims,
                                       const int64_t* dims, size_t esize, const char* function) {
   if (layout == NULL) return NULL;
-  if (layout->struct_size < PJRT_Buffer_MemoryLayout_STRUCT_SIZE) {
-    return stub_error(PJRT_Error_Code_INVALID_ARGUMENT, "%s: unexpected PJRT_Buffer_MemoryLayout size %zu", function,
-                      layout->struct_size);
-  }
-  /* The tiled and strides structs are embedded in the layout, whose size was
-   * checked above; their own struct_size is not read: XLA's C++ client leaves
-   * it 0 in the host_layout it passes to PJRT_Buffer_ToHostBuffer. */
   bool dense = false;
   if (layout->type == PJRT_Buffer_MemoryLayout_Type_Tiled) {
     const PJRT_Buffer_MemoryLayout_Tiled* tiled = &layout->tiled;

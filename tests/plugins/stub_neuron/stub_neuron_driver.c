@@ -681,6 +681,21 @@ static void check_buffers(void) {
     const int64_t forward_stride[1] = {4};
     layout.strides.byte_strides = forward_stride;
     if (ok(api->PJRT_Buffer_ToHostBuffer(&odd), "dense strides host layout")) destroy_event(odd.event);
+    /* As XLA's C++ client passes it: type and tiled fields set, every struct_size left as the stack had it. */
+    const int64_t row_major[1] = {0};
+    PJRT_Buffer_MemoryLayout xla_style;
+    memset(&xla_style, 0xA5, sizeof xla_style);
+    xla_style.struct_size = 1;
+    xla_style.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+    xla_style.tiled.minor_to_major = row_major;
+    xla_style.tiled.minor_to_major_size = 1;
+    xla_style.tiled.num_tiles = 0;
+    odd.host_layout = &xla_style;
+    memset(out, 0, sizeof out);
+    if (ok(api->PJRT_Buffer_ToHostBuffer(&odd), "host layout with unset struct_size (as XLA's client sends)")) {
+      destroy_event(odd.event);
+      CHECK(out[0] == 9 && out[4] == 5, "read back with that layout");
+    }
 
     PJRT_Buffer_ReadyEvent_Args ready = {.struct_size = PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE, .buffer = buffer};
     ok(api->PJRT_Buffer_ReadyEvent(&ready), "ReadyEvent");
