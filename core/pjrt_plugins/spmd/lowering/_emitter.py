@@ -120,6 +120,8 @@ class Emitter:
         self.node: Any = None
         # Matrix products by result value, so a transpose of one becomes the swapped product.
         self._products: dict[ir.Value, tuple[TensorValue, TensorValue, int, int]] = {}
+        #: Shard groups (``{unknown shard_as N}``) numbered so far in this module.
+        self.shard_groups = 0
 
     # -- values -------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from ..sharding import OpSharding
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
-from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
+from ._table import LOWERINGS, RANDOM_OPS, REBINDING_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,7 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
                 em.rng_row = rng_rows.get(node)
                 with ir.Location.name(node.name):
                     env[node] = _lower_node(em, node, env, counts, partitioned)
+                _rebind(node, env)
             results = [env[leaf] for leaf in out_leaves]
             for leaf, r in zip(out_leaves, results):
                 if not isinstance(r, TensorValue):
@@ -254,6 +255,7 @@ def lower_subgraph(em: Emitter, graph: fx.Graph, inputs: list[TensorValue],
                 em.rng_keys, em.rng_row = keys, rows.get(node)
             with ir.Location.name(node.name):
                 env[node] = _lower_node(em, node, env, counts, partitioned)
+            _rebind(node, env)
     finally:
         em.node, em.rng_keys, em.rng_row = outer
     output = next(n for n in graph.nodes if n.op == "output")
@@ -294,8 +296,14 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     _check_result(name, node, out, result)
     spec = sharding_string(node.meta.get("sharding"))
     if spec is not None and partitioned and isinstance(result, TensorValue):
-        result = _annotate(result, spec)
+        result = annotate_sharding(result, spec)
     return result
+
+
+def _rebind(node: fx.Node, env: dict[fx.Node, Any]) -> None:
+    """After a ``REBINDING_OPS`` node, the nodes that follow read its first argument as the node's value."""
+    if node.target in REBINDING_OPS and isinstance(node.args[0], fx.Node):
+        env[node.args[0]] = env[node]
 
 
 def _empty_result(em: Emitter, out: Any) -> Any:
@@ -307,9 +315,10 @@ def _empty_result(em: Emitter, out: Any) -> Any:
     return values if isinstance(out, (tuple, list)) else values[0]
 
 
-def _annotate(x: TensorValue, spec: str) -> TensorValue:
-    """Pin ``x``'s sharding with the ``@Sharding`` custom call the partitioner understands."""
-    op = hlo.CustomCallOp([x.value.type], [x.value], "Sharding")
+def annotate_sharding(x: TensorValue, spec: str, side_effect: bool = False) -> TensorValue:
+    """Pin ``x``'s sharding with the ``@Sharding`` custom call the partitioner understands (``side_effect``: keep
+    the call even where its result looks unused, as a shard group's must be)."""
+    op = hlo.CustomCallOp([x.value.type], [x.value], "Sharding", has_side_effect=side_effect or None)
     op.attributes["mhlo.sharding"] = ir.StringAttr.get(spec)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
