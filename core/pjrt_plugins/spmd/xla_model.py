@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 
 from . import devices as _devices
 from . import runtime as _xr
-from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine
+from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine, optimization_barrier_
 from .frontend import send_cpu_data_to_device as _send
 from .frontend.tensor import XLAShardedTensor, materialize, to_cpu, unwrap
 
@@ -28,6 +28,7 @@ __all__ = [
     "get_ordinal",
     "get_rng_state",
     "get_xla_supported_devices",
+    "optimization_barrier_",
     "is_master_ordinal",
     "is_xla_tensor",
     "mark_step",

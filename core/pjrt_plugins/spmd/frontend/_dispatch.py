@@ -220,6 +220,8 @@ def _record_and_assign(info: OpInfo, args: tuple, kwargs: dict, targets: Sequenc
     """Record ``info``'s op, whose results are one per target, and make each target hold its result
     (``written_by``: the in-place op the user called, named in errors; default ``info``'s)."""
     values = record_values(info, args, kwargs)
+    if type(values) is LazyValue:  # an op with one result
+        values = [values]
     for target, value in zip(targets, values, strict=True):
         _assign_result(written_by or info, target._pjrt_data, value, fresh=True)
 

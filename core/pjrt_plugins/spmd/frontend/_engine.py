@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..execution import clear_compile_cache, set_cache_dir
 from ..trace import last_run_timings, materialize, on_mark_sharding, pending_ops, register_tensor_type, sync
-from ._dispatch import dispatch, refresh_views
+from ._dispatch import dispatch, record_into, refresh_views
 from ._fallback import cpu_fallback_enabled, set_cpu_fallback
 from ._fused_optim import fused_step
 from .tensor import XLAShardedTensor
@@ -23,6 +23,7 @@ __all__ = [
     "materialize",
     "on_mark_sharding",
     "pending_ops",
+    "record_into",
     "refresh_views",
     "set_cache_dir",
     "set_cpu_fallback",
