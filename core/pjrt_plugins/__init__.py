@@ -40,6 +40,7 @@ from .errors import (
     LoweringError,
     PjrtError,
     PjrtPluginsError,
+    PlacementError,
     PluginConfigurationError,
     PluginInitializeTimeoutError,
     PluginLoadError,
@@ -52,6 +53,7 @@ from .errors import (
     SpmdDisabledError,
     UnsupportedFunctionError,
     UnsupportedOpError,
+    UnsupportedPlacementError,
     VirtualDeviceError,
 )
 
@@ -71,6 +73,7 @@ __all__ = [
     "OptionType",
     "PjrtError",
     "PjrtPluginsError",
+    "PlacementError",
     "PluginConfigurationError",
     "PluginInitializeTimeoutError",
     "PluginLoadError",
@@ -84,6 +87,7 @@ __all__ = [
     "SpmdDisabledError",
     "UnsupportedFunctionError",
     "UnsupportedOpError",
+    "UnsupportedPlacementError",
     "VirtualDeviceError",
     "autoload_enabled",
     "canonical_name",
