@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.spmd import dtensor
+from pjrt_plugins.spmd import dtensor  # loads the bridge, which routes torch's DTensor functions for pjrt meshes
 
 
 @pytest.fixture(scope="module")

@@ -382,13 +382,13 @@ def test_xla_distribute_module_replicates_what_partition_fn_leaves_and_installs_
 # -- the package's names ----------------------------------------------------------------------------------------------
 
 
-def test_the_bridge_loads_on_first_use():
+def test_the_bridge_loads_on_first_use_and_routes_torch_then():
     code = (
         "import sys, pjrt_plugins.spmd as xs\n"
         "print('torch.distributed.tensor' in sys.modules)\n"
         "f = xs.xla_distribute_tensor\n"
-        "import pjrt_plugins.spmd.dtensor as d\n"
-        "print(f is d.xla_distribute_tensor, 'torch.distributed.tensor' in sys.modules)\n"
+        "import torch.distributed.tensor as t, pjrt_plugins.spmd.dtensor as d, pjrt_plugins.spmd._dtensor_routes as r\n"
+        "print(f is d.xla_distribute_tensor, r.installed() and t.distribute_tensor is t._api.distribute_tensor)\n"
         "print(sorted(set(xs.__all__) & set(d.__all__)) == sorted(d.__all__))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout

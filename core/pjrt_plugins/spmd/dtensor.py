@@ -2,8 +2,10 @@
 ``Shard``/``Replicate`` placements on the virtual device, turned into XLA shardings.
 
 A pjrt tensor is always the whole tensor (one controller drives every device), so placements only say how
-XLA lays it out; the partitioner inserts the collectives. It imports ``torch.distributed.tensor`` (seconds):
-``pjrt_plugins.spmd`` serves its names on first use.
+XLA lays it out; the partitioner inserts the collectives. Importing this module also routes torch's own
+``distribute_tensor``, ``distribute_module``, ``DTensor.from_local`` and tensor-parallel styles to it for
+``pjrt`` meshes (``_dtensor_routes``). It imports ``torch.distributed.tensor`` (seconds): ``pjrt_plugins.spmd``
+serves its names on first use.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .frontend._device_mesh import MeshAxes, check_device_type, mesh_axes, new_d
 from .frontend._placements import distribute, distribute_module, partition_spec, placements_for
 from .frontend._torch_device import DEVICE_TYPE
 from .sharding import Mesh
+from . import _dtensor_routes
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,9 @@ __all__ = [
     "xla_distribute_module",
     "xla_distribute_tensor",
 ]
+
+_dtensor_routes.install()
+
 
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *,
                      mesh_dim_names: Sequence[str] | None = None) -> DeviceMesh:
