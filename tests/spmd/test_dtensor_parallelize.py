@@ -51,6 +51,18 @@ def test_torchs_distribute_tensor_lays_out_a_pjrt_tensor(mesh2x4):
         torch_dtensor.distribute_tensor(torch.randn(4, requires_grad=True) * 2, mesh2x4, [Shard(0), Replicate()])
 
 
+def test_torchs_dtensor_factories_make_the_whole_tensor_laid_out(mesh8):
+    zeros = torch_dtensor.zeros(8, 4, device_mesh=mesh8, placements=[Shard(0)])
+    full = torch_dtensor.full((8, 4), 2.5, device_mesh=mesh8, placements=[Shard(1)], requires_grad=True)
+    noise = torch_dtensor.randn(16, 2, device_mesh=mesh8)
+    assert zeros.shape == (8, 4) and zeros.placements == (Shard(0),) and zeros.sum().item() == 0
+    assert full.is_leaf and full.requires_grad and full.sharding_spec == "{devices=[1,8]0,1,2,3,4,5,6,7}"
+    assert torch.equal(full.detach().cpu(), torch.full((8, 4), 2.5))
+    assert noise.placements == (Replicate(),) and noise.cpu().std() > 0.1
+    with pytest.raises(PlacementError, match="does not have"):
+        torch_dtensor.ones(4, device_mesh=mesh8, placements=[Shard(1)])
+
+
 def test_a_distribute_tensor_bound_before_the_routes_says_what_to_do(mesh8):
     torchs_own = torch_dtensor.distribute_tensor.__wrapped__  # what `from torch... import` bound earlier holds
     with pytest.raises(PlacementError, match="import pjrt_plugins.spmd.dtensor first"):

@@ -1,5 +1,6 @@
-"""torch's own DTensor API on ``pjrt`` meshes: ``distribute_tensor``, ``distribute_module``, ``DTensor.from_local`` and
-the tensor-parallel styles of ``parallelize_module`` turn placements into XLA shardings; the partitioner does the rest.
+"""torch's own DTensor API on ``pjrt`` meshes: ``distribute_tensor``, ``distribute_module``, the DTensor factories,
+``DTensor.from_local`` and the tensor-parallel styles of ``parallelize_module`` turn placements into XLA shardings;
+the partitioner does the rest.
 
 Why routes: torch hands only PyTorch/XLA's ``xla`` meshes to an outside implementation. On any other mesh
 its functions cut the tensor into per-rank pieces and run collectives over process groups, and a single
@@ -54,6 +55,7 @@ def install() -> None:
     for namespace in (_api, torch_dtensor):
         namespace.distribute_tensor = routed_tensor  # type: ignore[attr-defined]
         namespace.distribute_module = routed_module  # type: ignore[attr-defined]
+    _api._dtensor_init_helper = _route_factories(_api._dtensor_init_helper)  # torch.distributed.tensor.zeros, ...
     DTensor.from_local = staticmethod(_route_from_local(DTensor.from_local))  # type: ignore[method-assign]
     for cls, apply in _STYLES.items():
         cls._apply = _route_style(cls._apply, apply)  # type: ignore[method-assign]
@@ -126,6 +128,30 @@ def _distribute_once(module: nn.Module, mesh: DeviceMesh, partition_fn: Callable
     distribute_module(module, mesh, partition_fn, input_fn, output_fn)
     module._distribute_module_applied = True  # type: ignore[assignment]
     return module
+
+
+def _route_factories(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.distributed.tensor's ``zeros``/``ones``/``empty``/``full``/``rand``/``randn`` (all through this helper):
+    on a pjrt mesh, the whole tensor made on the device and laid out (torch's code would make rank 0's piece)."""
+
+    @functools.wraps(original)
+    def _dtensor_init_helper(init_op: Callable[..., torch.Tensor], size: torch.Size,
+                             device_mesh: DeviceMesh | None = None, placements: Sequence[Placement] | None = None,
+                             **kwargs: Any) -> Any:
+        mesh = _on_pjrt(device_mesh)
+        if mesh is None:
+            return original(init_op, size, device_mesh, placements, **kwargs)
+        if kwargs.get("layout", torch.strided) != torch.strided:
+            raise PlacementError(f"layout {kwargs['layout']} is not supported on a pjrt mesh (strided only)")
+        kwargs["device"] = TORCH_DEVICE
+        requires_grad = kwargs.pop("requires_grad", False)
+        if init_op is torch.full:
+            tensor = torch.full(tuple(size), kwargs.pop("fill_value", 0), **kwargs)
+        else:
+            tensor = init_op(tuple(size), **kwargs)
+        return distribute(tensor, mesh, placements).requires_grad_(requires_grad)
+
+    return _dtensor_init_helper
 
 
 def _route_from_local(original: Callable[..., Any]) -> Callable[..., Any]:
