@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
 import pjrt_plugins.spmd as xs
-from pjrt_plugins.errors import PlacementError, ShardingConflictError, UnsupportedPlacementError
+from pjrt_plugins.errors import PlacementError, ShardingConflictError, ShardingError, UnsupportedPlacementError
 from pjrt_plugins.spmd.dtensor import (
     auto_policy,
     convert_to_dtensor_placements,
@@ -68,6 +68,8 @@ def test_meshes_of_the_wrong_size_or_device_type_are_refused():
         xs.init_device_mesh("pjrt", (2, 2))
     with pytest.raises(PlacementError, match="not 'cuda'"):
         xs.init_device_mesh("cuda", (8,))
+    with pytest.raises(ShardingError, match="must be unique"):
+        xs.init_device_mesh("pjrt", (2, 4), mesh_dim_names=("a", "a"))
     with pytest.raises(TypeError, match="expects a torch DeviceMesh"):
         convert_to_xla_mesh(xs.Mesh(range(8), (8,)))
 

@@ -271,6 +271,20 @@ def test_plans_that_do_not_fit_fail_before_xla_sees_them(mesh2x4, mesh8):
     xs.sync()  # nothing half-recorded is left behind
 
 
+def test_a_style_subclass_with_its_own_hooks_is_refused_not_ignored(mesh8):
+    class ScaledOutput(ColwiseParallel):
+        @staticmethod
+        def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+            return outputs * 2
+
+    class Labelled(RowwiseParallel):  # no hook of its own: routed like RowwiseParallel
+        pass
+
+    with pytest.raises(NotImplementedError, match="ScaledOutput overrides _prepare_output_fn of ColwiseParallel"):
+        parallelize_module(MLP(), mesh8, {"w1": ScaledOutput()})
+    assert parallelize_module(MLP(), mesh8, {"w2": Labelled()}).w2.weight.placements == (Shard(1),)
+
+
 def test_a_style_applied_twice_to_one_module_is_refused_as_torch_does(mesh8):
     model = parallelize_module(MLP(), mesh8, {"w1": ColwiseParallel()})
     with pytest.raises(RuntimeError, match="only be called once"):

@@ -58,7 +58,7 @@ def install() -> None:
     _api._dtensor_init_helper = _route_factories(_api._dtensor_init_helper)  # torch.distributed.tensor.zeros, ...
     DTensor.from_local = staticmethod(_route_from_local(DTensor.from_local))  # type: ignore[method-assign]
     for cls, apply in _STYLES.items():
-        cls._apply = _route_style(cls._apply, apply)  # type: ignore[method-assign]
+        cls._apply = _route_style(cls, apply)  # type: ignore[method-assign]
     for cls, name in ((Shard, "_make_shard_tensor"), (_StridedShard, "_make_shard_tensor"),
                       (Replicate, "_make_replicate_tensor")):
         setattr(cls, name, classmethod(_refuse_per_rank_pieces(getattr(cls, name).__func__)))
@@ -210,11 +210,26 @@ def _is_sub_mesh(axes: MeshAxes) -> bool:
 # its actual layout and moves it to the desired one. use_local_output has no effect: tensors stay whole.
 
 
-def _route_style(original: Callable[..., Any], pjrt_apply: Callable[..., nn.Module]) -> Callable[..., Any]:
+#: The hooks torch's styles run; on a pjrt mesh the route applies the layouts instead, so a subclass that
+#: overrides one would be silently ignored: it is refused.
+_STYLE_HOOKS = ("_partition_linear_fn", "_partition_embedding_fn", "_replicate_module_fn", "_prepare_input_fn",
+                "_prepare_output_fn", "_prepare_input_arg", "_prepare_input_kwarg_fn", "_prepare_out_fn")
+
+
+def _route_style(cls: type, pjrt_apply: Callable[..., nn.Module]) -> Callable[..., Any]:
+    original = cls._apply  # type: ignore[attr-defined]
+
     @functools.wraps(original)
     def _apply(self: Any, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if device_mesh.device_type != DEVICE_TYPE:
             return original(self, module, device_mesh)  # type: ignore[no-any-return]
+        overridden = [name for name in _STYLE_HOOKS
+                      if hasattr(cls, name) and getattr(type(self), name) is not getattr(cls, name)]
+        if overridden:
+            raise NotImplementedError(
+                f"{type(self).__name__} overrides {', '.join(overridden)} of {cls.__name__}; on a pjrt mesh the "
+                f"style's layouts are applied by pjrt_plugins.spmd, not by its hooks, so the override would be "
+                "ignored. Give the layouts through the style's arguments instead")
         return pjrt_apply(self, module, device_mesh)
 
     return _apply
