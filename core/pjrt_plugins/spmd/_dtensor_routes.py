@@ -6,9 +6,10 @@ Why routes: torch hands only PyTorch/XLA's ``xla`` meshes to an outside implemen
 its functions cut the tensor into per-rank pieces and run collectives over process groups, and a single
 controller has neither ranks nor groups: its tensors are whole. So when the DTensor bridge loads, these
 entry points are wrapped once: a ``pjrt`` mesh goes to the bridge, every other mesh to torch's code,
-unchanged. The styles are patched on their classes, so a plan built before the bridge loaded still
-routes; the functions are module attributes, so a name imported from torch before then stays torch's.
-The only module that patches torch.
+unchanged. The styles and ``from_local`` are patched on their classes and the factories' helper in torch's
+module, so they route whenever they were imported; ``distribute_tensor`` and ``distribute_module`` are
+module attributes, so such a name imported from torch before the bridge loaded stays torch's (and says so
+on a pjrt mesh). The only module that patches torch.
 """
 
 from __future__ import annotations
