@@ -11,11 +11,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from _dtensor_support import gloo, mesh2x4, mesh8  # noqa: F401
 from _exec_support import ensure_cpu8
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
 import pjrt_plugins.spmd as xs
