@@ -41,6 +41,7 @@ from .errors import (
     LoweringError,
     PjrtError,
     PjrtPluginsError,
+    PlacementError,
     PluginConfigurationError,
     PluginInitializeTimeoutError,
     PluginLoadError,
@@ -54,6 +55,7 @@ from .errors import (
     UnsupportedExtensionError,
     UnsupportedFunctionError,
     UnsupportedOpError,
+    UnsupportedPlacementError,
     VirtualDeviceError,
 )
 
@@ -74,6 +76,7 @@ __all__ = [
     "OptionType",
     "PjrtError",
     "PjrtPluginsError",
+    "PlacementError",
     "PluginConfigurationError",
     "PluginInitializeTimeoutError",
     "PluginLoadError",
@@ -88,6 +91,7 @@ __all__ = [
     "UnsupportedExtensionError",
     "UnsupportedFunctionError",
     "UnsupportedOpError",
+    "UnsupportedPlacementError",
     "VirtualDeviceError",
     "autoload_enabled",
     "canonical_name",

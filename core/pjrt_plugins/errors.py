@@ -151,6 +151,19 @@ class InputShardingError(ShardingError, RuntimeError):
     """
 
 
+class PlacementError(ShardingError):
+    """DTensor placements or a DeviceMesh that do not fit the tensor, the mesh or the virtual device
+    (a ``Shard(dim)`` past the tensor's rank, one placement too many, a mesh over other devices)."""
+
+
+class UnsupportedPlacementError(ShardingError, NotImplementedError):
+    """A DTensor placement an XLA sharding cannot express (``Partial``, ``_StridedShard``).
+
+    Both a ``ValueError`` and a ``NotImplementedError``: PyTorch/XLA raises the first when converting
+    placements and the second in ``redistribute``, and ported code catches either.
+    """
+
+
 class SpmdDisabledError(PjrtPluginsError, RuntimeError):
     """A sharding API was used while SPMD is off (``XLA_USE_SPMD=0`` or ``use_spmd(False)``)."""
 

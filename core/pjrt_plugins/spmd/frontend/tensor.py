@@ -143,6 +143,44 @@ class XLAShardedTensor(torch.Tensor):
         return mark[1] if mark else None
 
     @property
+    def placements(self) -> tuple:
+        """DTensor's view of the declared sharding: per mesh dimension, ``Shard(dim)`` or ``Replicate()``.
+
+        Relative to the DeviceMesh the tensor was distributed on (``xla_distribute_tensor``, torch's
+        ``distribute_tensor``, ``redistribute``), else to the :class:`Mesh` given to :func:`mark_sharding`.
+        Raises :class:`~pjrt_plugins.errors.PlacementError` (a ``ValueError``) for a tensor no mesh was
+        given for. Loads ``torch.distributed.tensor`` on first use.
+
+        Example (8 devices)::
+
+            t = xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), xs.Mesh(range(8), (2, 4)), (None, 0))
+            t.placements      # (Shard(dim=1), Replicate())
+        """
+        return _seam.placements().placements_of(self)  # type: ignore[no-any-return]
+
+    def redistribute(self, device_mesh: Any = None, placements: Sequence[Any] | None = None, *,
+                     async_op: bool = False) -> XLAShardedTensor:
+        """A new tensor with the same values laid out by ``placements`` on ``device_mesh`` (this one keeps its layout).
+
+        ``device_mesh`` is a ``pjrt`` DeviceMesh or an :class:`Mesh` (default: the one this tensor was
+        distributed or marked on); ``placements`` has one ``Shard(dim)`` or ``Replicate()`` per mesh
+        dimension (``Partial`` raises :class:`~pjrt_plugins.errors.UnsupportedPlacementError`, a
+        ``NotImplementedError``). Differentiable: the gradient is laid out like this tensor.
+
+        ``async_op=False`` returns the result computed in its new layout (it runs the pending graph up to
+        it, as DTensor's blocking collective would); ``async_op=True`` records the move in the pending
+        graph, to run with the next program (what torch's parallel styles ask for inside a step).
+
+        Example (8 devices)::
+
+            mesh = xs.Mesh(range(8), (8,))
+            t = xs.mark_sharding(torch.randn(8, 16).to("pjrt"), mesh, (0, None))
+            u = t.redistribute(mesh, [Shard(1)])     # from torch.distributed.tensor import Shard
+            u.partition_spec, t.partition_spec     # ((None, 0), (0, None))
+        """
+        return _seam.placements().redistribute(self, device_mesh, placements, async_op)  # type: ignore[no-any-return]
+
+    @property
     def global_tensor(self) -> torch.Tensor:
         """The whole tensor, gathered to a new CPU tensor."""
         return to_cpu(self)
