@@ -31,6 +31,7 @@ OPTIONAL_STATS = (
     "largest_free_block_bytes",
     "pool_bytes",
     "peak_pool_bytes",
+    "peak_allocated_bytes",
 )
 
 
