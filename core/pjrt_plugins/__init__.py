@@ -88,6 +88,7 @@ __all__ = [
     "autoload_enabled",
     "canonical_name",
     "create_client",
+    "create_client_for_plugin",
     "default_plugin",
     "discover_plugins",
     "env_bool",
@@ -107,7 +108,11 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # Loaded on first use, to keep `import pjrt_plugins` cheap: .options imports difflib and
-    # dataclasses, .hookspecs imports pluggy (and inspect).
+    # dataclasses, .hookspecs imports pluggy (and inspect), ._plugin_client the runtime (cffi, numpy).
+    if name == "create_client_for_plugin":
+        from ._plugin_client import create_client_for_plugin
+
+        return create_client_for_plugin
     if name == "OptionType":
         from .options import OptionType
 

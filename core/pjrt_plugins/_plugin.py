@@ -311,7 +311,8 @@ class DevicePlugin:
         ``options`` are laid over :meth:`client_create_options` and checked
         against :meth:`option_schema` before the C call.
         """
-        from .runtime import create_client_for_plugin
+        # The lazy seam to the runtime: `import pjrt_plugins` must not load cffi and numpy.
+        from ._plugin_client import create_client_for_plugin
 
         return create_client_for_plugin(self, options, configure=configure, kv_store=kv_store)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .._child_process import child_environment, describe_exit, output_tail, python_command
+from .._client_setup import checked_create_options
 from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
 from . import _checks_capi  # noqa: F401
 from ._context import Context
@@ -199,8 +200,6 @@ def probe_options(ctx: Context) -> dict[str, Any]:
     """The create options the frameworks get: the plugin's hooks (checked) over --option values, or the options given."""
     if not ctx.has_python:
         return dict(ctx.target.options)
-    from ..runtime._plugin_client import checked_create_options
-
     options, _ = checked_create_options(ctx.plugin, ctx.target.options)
     return options
 

@@ -7,6 +7,9 @@ turned into a :class:`~pjrt_plugins.PjrtError`. Importing this package opens no 
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 from ..errors import (
     ApiVersionError,
     BufferViewedError,
@@ -26,7 +29,6 @@ from ._compile_options import CompileOptions
 from ._executable import Executable
 from ._kv import KeyValueStore
 from ._library import Library, load_library, loaded_libraries, new_args
-from ._plugin_client import create_client_for_plugin
 
 #: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
 SUPPORTED_API_VERSIONS = ((0, MIN_SUPPORTED_MINOR), (0, HEADER_MINOR))
@@ -53,8 +55,21 @@ __all__ = [
     "SUPPORTED_API_VERSIONS",
     "UnsupportedFunctionError",
     "aligned_empty",
-    "create_client_for_plugin",
     "load_library",
     "loaded_libraries",
     "new_args",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "create_client_for_plugin":
+        # Moved above the runtime, which never sees a plugin; this alias goes in 0.2. It reads the
+        # package (always imported before its runtime) instead of importing upwards.
+        warnings.warn(
+            "pjrt_plugins.runtime.create_client_for_plugin moved: use pjrt_plugins.create_client_for_plugin, "
+            "or plugin.create_client()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(sys.modules["pjrt_plugins"], name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
