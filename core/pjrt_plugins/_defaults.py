@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from ._marker import hookimpl
+from ._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S
 from .errors import PluginConfigurationError
 
-DEFAULT_INITIALIZE_TIMEOUT_S = 60.0
 T = TypeVar("T")
 D = TypeVar("D")
 

@@ -19,7 +19,7 @@ import numpy as np
 import pjrt_plugins
 import pytest
 from pjrt_plugins.errors import PjrtError
-from pjrt_plugins.runtime import Client, CompileOptions, _buffer, _build_fastpath, _executable, _fastpath
+from pjrt_plugins.runtime import Client, CompileOptions, _build_fastpath, _executable, _fastpath, _pinning
 from pjrt_plugins.runtime._buffer import Buffer
 from pjrt_plugins.runtime._cdef import ffi
 from pjrt_plugins.runtime._events import ReadyEvents
@@ -258,6 +258,6 @@ def test_the_read_target_is_the_array_itself():
     """The direct read writes through cffi's from_buffer without its Python wrapper: the same
     char[] view over the same bytes as ``ffi.from_buffer``."""
     array = np.arange(6, dtype=np.float32)
-    fast, wrapped = _buffer._char_buffer(array), ffi.from_buffer(array)
+    fast, wrapped = _pinning._char_buffer(array), ffi.from_buffer(array)
     assert ffi.typeof(fast) is ffi.typeof(wrapped) and len(fast) == len(wrapped) == array.nbytes
     assert int(ffi.cast("uintptr_t", fast)) == int(ffi.cast("uintptr_t", wrapped)) == array.ctypes.data

@@ -19,8 +19,7 @@ from typing import Any
 
 from .._child_process import child_environment, describe_exit, output_tail, python_command
 from .._client_setup import checked_create_options
-from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
-from . import _checks_capi  # noqa: F401
+from . import _checks_buffers  # noqa: F401 - the checks these require are declared first
 from ._context import Context
 from ._framework import Fail, Skip, check
 from ._framework_probe import PROBE_MARK, TORCH_XLA_PYTHON_ENV

@@ -22,13 +22,16 @@ from ..errors import (
     PluginTimeoutError,
     UnsupportedFunctionError,
 )
-from ._buffer import HOST_ALIGNMENT, Buffer, aligned_empty
+from ._args import new_args
+from ._buffer import Buffer
 from ._cdef import HEADER_MINOR, MIN_SUPPORTED_MINOR
-from ._client import Client, Device, Memory
+from ._client import Client
 from ._compile_options import CompileOptions
+from ._devices import Device, Memory
 from ._executable import Executable
+from ._host_arrays import HOST_ALIGNMENT, aligned_empty
 from ._kv import KeyValueStore
-from ._library import Library, load_library, loaded_libraries, new_args
+from ._library import Library, load_library, loaded_libraries
 
 #: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
 SUPPORTED_API_VERSIONS = ((0, MIN_SUPPORTED_MINOR), (0, HEADER_MINOR))

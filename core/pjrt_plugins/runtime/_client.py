@@ -1,4 +1,4 @@
-"""Client, Device and Memory: a PJRT client on one plugin, and the hardware it exposes.
+"""Client: a PJRT client on one plugin, the owner of everything made from it.
 
 A Client owns its PJRT_Client and every Buffer and Executable made from it: closing the
 client releases them first, so no destroy order can crash, and waits for the calls other
@@ -19,19 +19,23 @@ from typing import Any
 
 import numpy as np
 
-from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
+from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S
 from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError, PluginTimeoutError
 from ..options import validate_options
+from ._args import args_pool, new_args, unpack_text, version_text
 from ._bounded import BoundedCall
-from ._buffer import Buffer, _pin_lock, _Pinning, aligned_copy, host_array
+from ._buffer import Buffer
 from ._cdef import ffi
 from ._compile_options import CompileOptions
+from ._devices import Device, Memory
 from ._dtypes import pjrt_type_of
 from ._executable import Executable
+from ._host_arrays import aligned_copy, host_array
 from ._inflight import wait_for_calls
 from ._kv import KvCallbacks
-from ._library import Library, args_pool, load_library, new_args, unpack_text, version_text
-from ._named_values import EncodedNamedValues, decode_named_values
+from ._library import Library, load_library
+from ._named_values import EncodedNamedValues
+from ._pinning import Pinning, pin_lock
 
 logger = logging.getLogger(__name__)
 _BUFFER_DESTROY = args_pool("PJRT_Buffer_Destroy_Args")
@@ -63,133 +67,6 @@ def _dims(shape: tuple[int, ...]) -> Any:
             _dims_cache[shape] = dims
     return dims
 
-
-class _ClientPart:
-    """A device or memory space of a client. The plugin frees these with the client, so every
-    C call on one is a counted call on the client (ClientClosedError once it is closed)."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        self._client_ref = weakref.ref(client)
-        self._lib = client._lib
-        self._ptr = ptr
-
-    @property
-    def client(self) -> Client:
-        return _alive(self._client_ref)
-
-    def _call(self) -> Any:
-        """``with self._call():`` a counted call on the client; read what the plugin returns inside it."""
-        return _alive(self._client_ref)._call()
-
-    def _invoke(self, function: str, **fields: Any) -> Any:
-        """``function(**fields)`` for results that are plain numbers (read after the call)."""
-        with self._call():
-            return self._lib.invoke(function, **fields)
-
-    def _to_string(self) -> str:
-        raise NotImplementedError
-
-    def __str__(self) -> str:
-        try:
-            return self._to_string()  # the plugin's own text
-        except ClientClosedError:  # str() never raises: what we cached is all that is left
-            return repr(self)
-
-
-class Memory(_ClientPart):
-    """A memory space (``device``, ``pinned_host``, ...) of a client."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        super().__init__(client, ptr)
-        self.id = int(self._invoke("PJRT_Memory_Id", memory=ptr).id)
-        with self._call():
-            args = self._lib.invoke("PJRT_Memory_Kind", memory=ptr)
-            self.kind = unpack_text(args.kind, args.kind_size)
-
-    @property
-    def kind_id(self) -> int:
-        return int(self._invoke("PJRT_Memory_Kind_Id", memory=self._ptr).kind_id)
-
-    @property
-    def addressable_by_devices(self) -> list[Device]:
-        with self._call():
-            args = self._lib.invoke("PJRT_Memory_AddressableByDevices", memory=self._ptr)
-            return [self.client._device(args.devices[i]) for i in range(args.num_devices)]
-
-    def _to_string(self) -> str:
-        with self._call():
-            args = self._lib.invoke("PJRT_Memory_ToString", memory=self._ptr)
-            return unpack_text(args.to_string, args.to_string_size)
-
-    def __repr__(self) -> str:
-        return f"<pjrt Memory id={self.id} kind={self.kind!r}>"
-
-
-class Device(_ClientPart):
-    """One device of a client: id, kind, process index, attributes and memories."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        super().__init__(client, ptr)
-        lib = self._lib
-        with self._call():
-            self._description = desc = lib.invoke("PJRT_Device_GetDescription", device=ptr).device_description
-            self.id = int(lib.invoke("PJRT_DeviceDescription_Id", device_description=desc).id)
-            self.process_index = int(
-                lib.invoke("PJRT_DeviceDescription_ProcessIndex", device_description=desc).process_index
-            )
-            args = lib.invoke("PJRT_DeviceDescription_Kind", device_description=desc)
-            self.kind = unpack_text(args.device_kind, args.device_kind_size)
-            self.is_addressable = bool(lib.invoke("PJRT_Device_IsAddressable", device=ptr).is_addressable)
-        self._attributes: dict[str, Any] | None = None
-        self._local_hardware_id: int | None = None
-        self._read_plan: Any = None  # how buffers put here are read back (same for all of them)
-
-    @property
-    def local_hardware_id(self) -> int:
-        """Opaque hardware id (e.g. the CUDA ordinal); -1 if the plugin has none."""
-        if self._local_hardware_id is None:
-            args = self._invoke("PJRT_Device_LocalHardwareId", device=self._ptr)
-            self._local_hardware_id = int(args.local_hardware_id)
-        return self._local_hardware_id
-
-    @property
-    def attributes(self) -> dict[str, Any]:
-        if self._attributes is None:
-            with self._call():
-                args = self._lib.invoke("PJRT_DeviceDescription_Attributes", device_description=self._description)
-                self._attributes = decode_named_values(args.attributes, args.num_attributes)
-        return dict(self._attributes)
-
-    @property
-    def memories(self) -> list[Memory]:
-        with self._call():
-            args = self._lib.invoke("PJRT_Device_AddressableMemories", device=self._ptr)
-            return [self.client._memory(args.memories[i]) for i in range(args.num_memories)]
-
-    @property
-    def default_memory(self) -> Memory:
-        return self.client._memory(self._invoke("PJRT_Device_DefaultMemory", device=self._ptr).memory)
-
-    @property
-    def debug_string(self) -> str:
-        with self._call():
-            args = self._lib.invoke("PJRT_DeviceDescription_DebugString", device_description=self._description)
-            return unpack_text(args.debug_string, args.debug_string_size)
-
-    def _to_string(self) -> str:
-        with self._call():
-            args = self._lib.invoke("PJRT_DeviceDescription_ToString", device_description=self._description)
-            return unpack_text(args.to_string, args.to_string_size)
-
-    def __repr__(self) -> str:
-        return f"<pjrt Device id={self.id} kind={self.kind!r} process_index={self.process_index}>"
-
-
-def _alive(ref: weakref.ref[Client]) -> Client:
-    client = ref()
-    if client is None or client._closed:
-        raise ClientClosedError("the client this object belongs to has been closed")
-    return client
 
 
 class Client:
@@ -242,7 +119,7 @@ class Client:
         values = validate_options(dict(options or {}), schema, plugin=f"plugin {self.plugin_name!r}")
         lib.initialize(initialize_timeout)
         self._destroy_buffer_fn = lib.function("PJRT_Buffer_Destroy")  # bound before a client exists to leak
-        self._pinnings = lib.pool(_Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
+        self._pinnings = lib.pool(Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
         encoded = EncodedNamedValues(values)
         args = new_args("PJRT_Client_Create_Args")
         args.create_options = encoded.pointer
@@ -312,7 +189,7 @@ class Client:
         """
         if self._released:
             return
-        with _pin_lock:  # no view can be taken once the client is marked closed
+        with pin_lock:  # no view can be taken once the client is marked closed
             if self._pins:
                 raise BufferViewedError(
                     f"cannot close the client on {self.plugin_name!r}: {self._pins} host view(s) of its "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PjrtError
 from . import _fastpath
 from ._cdef import ffi
-from ._library import new_args
+from ._args import new_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._library import Library

@@ -19,18 +19,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ClientClosedError, ExecutionStuckError, PjrtError, UnsupportedFunctionError
+from . import _fastpath
+from ._args import new_args, unpack_text
 from ._buffer import Buffer
 from ._cdef import ffi
+from ._devices import Device
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
-from . import _fastpath
 from ._events import EventWait, ReadyEvents, WaitExpired
 from ._inflight import OwnedHandle, free_deferred
-from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
 from ._proto import length_delimited_fields, varint_fields
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._client import Client, Device
+if TYPE_CHECKING:  # pragma: no cover - annotations only: the client is the layer above
+    from ._client import Client
 
 logger = logging.getLogger(__name__)
 _UNIMPLEMENTED = 12

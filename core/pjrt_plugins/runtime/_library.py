@@ -17,9 +17,9 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
+from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S
 from ..errors import (
     ApiVersionError,
     LibraryLoadError,
@@ -28,9 +28,10 @@ from ..errors import (
     PluginTimeoutError,
     UnsupportedFunctionError,
 )
-from . import _cdef
+from . import _cdef, _events
+from ._args import Pool, args_pool, new_args, version_text
 from ._bounded import BoundedCall
-from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, POINTER_CTYPES, STRUCT_SIZE, ffi
+from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
 from ._code_map import is_executable_address
 from ._elf import check_shared_library
 from ._named_values import decode_named_values
@@ -46,69 +47,6 @@ _opening: dict[str, BoundedCall[Library]] = {}  # by resolved path, while dlopen
 # Essential functions: without them no error can be read or freed, so such a library is refused.
 _ERROR_FUNCTIONS = ("PJRT_Error_Destroy", "PJRT_Error_Message", "PJRT_Error_GetCode")
 _STRUCT_SIZE_HINT = re.compile(r"Unexpected \S+ size: expected \d+, got \d+")
-
-
-def new_args(struct: str) -> Any:
-    """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE).
-
-    For raw calls: ``args = new_args("PJRT_Buffer_Dimensions_Args")``, fill it (e.g.
-    ``args.buffer = buffer.c_pointer()``), then ``library.call("PJRT_Buffer_Dimensions", args)``;
-    or let :meth:`Library.invoke` make it: ``library.invoke("PJRT_Buffer_Dimensions", buffer=...)``.
-    """
-    args = ffi.new(POINTER_CTYPES[struct])
-    args.struct_size = STRUCT_SIZE[struct]
-    return args
-
-
-class Pool(list, Generic[T]):
-    """Reusable objects for hot paths (args structs, sets of them): ``item = pool.take()``, use it,
-    ``pool.give(item)``; saves an allocation per call.
-
-    A free list (the pool is the list of free items): ``pop`` and ``append`` are atomic under
-    the GIL, so an item that was taken belongs to its taker until given back; another thread,
-    or a finalizer (``__del__`` of a Buffer run by a garbage collection) that interrupts the
-    taker on its own thread, takes another one or makes a new one. An item not given back (an
-    exception) is simply dropped. ``give`` is ``list.append`` itself (no Python frame).
-    Finalizers may use any of them: every declared type is resolved at import
-    (``_cdef.POINTER_CTYPES``), so a finalizer never runs cffi's type parser, which holds a lock and
-    is not re-entrant (a collection during a first ``ffi.typeof`` would deadlock on it).
-    """
-
-    __slots__ = ("_make",)
-
-    def __init__(self, make: Callable[[], T]) -> None:
-        super().__init__()
-        self._make = make
-
-    def take(self) -> T:
-        try:
-            return self.pop()
-        except IndexError:
-            return self._make()
-
-    give = list.append
-
-
-_pools: dict[str, Pool[Any]] = {}
-
-
-def args_pool(struct: str) -> Pool[Any]:
-    """The process-wide :class:`Pool` of ``struct`` args (e.g. ``"PJRT_Event_IsReady_Args"``)."""
-    pool = _pools.get(struct)
-    if pool is None:
-        pool = _pools.setdefault(struct, Pool(functools.partial(new_args, struct)))
-    return pool
-
-
-def unpack_text(pointer: Any, size: int) -> str:
-    """A plugin-owned ``char*`` of ``size`` bytes as str ("" for NULL; bad UTF-8 replaced)."""
-    if pointer == ffi.NULL:
-        return ""
-    return ffi.unpack(pointer, size).decode("utf-8", "replace")
-
-
-def version_text(version: tuple[int, int]) -> str:
-    return f"{version[0]}.{version[1]}"
 
 
 def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> Library:
@@ -523,5 +461,3 @@ class Library:
 
 _IS_READY = args_pool("PJRT_Event_IsReady_Args")
 _DESTROY_EVENT = args_pool("PJRT_Event_Destroy_Args")
-
-from . import _events  # noqa: E402 - last: _events uses new_args from this module
