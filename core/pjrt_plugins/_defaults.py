@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._marker import hookimpl
 from ._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S
@@ -97,11 +97,11 @@ class CoreDefaults:
         return None
 
     @hookimpl(trylast=True)
-    def pjrt_client_create_options(self) -> dict:
+    def pjrt_client_create_options(self) -> dict[str, Any]:
         return {}
 
     @hookimpl(trylast=True)
-    def pjrt_client_create_environment(self, options: dict) -> dict:
+    def pjrt_client_create_environment(self, options: dict[str, Any]) -> dict[str, str]:
         return {}
 
     @hookimpl(trylast=True)

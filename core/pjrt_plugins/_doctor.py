@@ -101,7 +101,7 @@ def _probe_in_child(name: str, timeout: float) -> list[Check]:
                 "raise --timeout if it is only slow, or pick another plugin with PJRT_DEVICE",
             )
         )
-    elif returncode != 0:
+    elif returncode:  # None only when it timed out (above)
         # A stage that never finished died with the process; otherwise it died on the way out.
         stage = current or ("loaded" if not checks else "process exit")
         checks.append(Check(stage, False, f"the process {describe_exit(returncode)}{output_tail(stderr)}", _crash_fix(returncode, name)))

@@ -150,7 +150,7 @@ class DevicePlugin:
     @property
     def plugin_manager(self) -> pluggy.PluginManager:
         """This backend's own manager: core defaults, then the backend, then overrides."""
-        pm = self.__dict__.get("_pm")
+        pm: pluggy.PluginManager | None = self.__dict__.get("_pm")
         if pm is not None:
             return pm
         self._require_initialized()
@@ -205,7 +205,8 @@ class DevicePlugin:
         problem = library_problem(path)
         if problem is not None:
             raise PluginUnavailableError(f"plugin {self._label}: {problem}. {self._fix_hint()}")
-        return os.fspath(path)
+        fspath: str = os.fspath(path)
+        return fspath
 
     def client_create_options(self) -> dict[str, Any]:
         return dict(self.hook.pjrt_client_create_options() or {})

@@ -302,7 +302,7 @@ def registered_plugins() -> dict[str, DevicePlugin]:
     """
     with _lock:
         _load_pending()
-        return {name: _records[name].plugin for name in sorted(_records) if _records[name].plugin is not None}
+        return {name: plugin for name in sorted(_records) if (plugin := _records[name].plugin) is not None}
 
 
 def _installed_listing() -> str:

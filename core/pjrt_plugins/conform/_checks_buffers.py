@@ -17,19 +17,22 @@ from ._context import Context
 from ._framework import Check, Fail, Skip, Unsupported, add_check, check
 
 
-def sample_array(dtype: np.dtype, shape: tuple[int, ...] = (2, 3)) -> np.ndarray:
+def sample_array(dtype: np.dtype[Any], shape: tuple[int, ...] = (2, 3)) -> np.ndarray[Any, Any]:
     """Distinct, exactly representable values of ``dtype`` (booleans alternate; unsigned ints stay >= 0)."""
     count = int(np.prod(shape, dtype=np.int64))
     base = np.arange(count, dtype=np.float64)
+    values: np.ndarray[Any, Any]
     if dtype == np.dtype(bool):
-        return (base % 3 != 1).reshape(shape)
-    if dtype.kind == "u":
-        return (base * 3 + 1).astype(dtype).reshape(shape)
-    if dtype.kind == "i":
-        return ((base - count // 2) * 3).astype(dtype).reshape(shape)
-    if dtype.kind == "c":
-        return ((base - 2.5) + 1j * (base / 2)).astype(dtype).reshape(shape)
-    return ((base - 2.5) * 0.5).astype(dtype).reshape(shape)
+        values = base % 3 != 1
+    elif dtype.kind == "u":
+        values = (base * 3 + 1).astype(dtype)
+    elif dtype.kind == "i":
+        values = ((base - count // 2) * 3).astype(dtype)
+    elif dtype.kind == "c":
+        values = ((base - 2.5) + 1j * (base / 2)).astype(dtype)
+    else:
+        values = ((base - 2.5) * 0.5).astype(dtype)
+    return values.reshape(shape)
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
@@ -96,7 +99,7 @@ _add_dtype_checks()
 @check("buffers.shapes", "scalars, empty, 3-d, strided and 1 MiB arrays round-trip", requires=("buffers.float32",))
 def check_buffer_shapes(ctx: Context) -> str:
     rng = np.random.default_rng(0)
-    cases = {
+    cases: dict[str, np.ndarray[Any, Any]] = {
         "scalar": np.array(7.5, dtype=np.float32),
         "empty": np.zeros((0, 3), dtype=np.float32),
         "3-d": np.arange(24, dtype=np.int32).reshape(2, 3, 4),

@@ -79,7 +79,7 @@ XLA_CLIENT_SLOTS: dict[str, tuple[str, ...]] = {
     "copy": ("PJRT_Buffer_CopyToMemory",),
 }
 #: What each probe step does, for messages.
-STEPS = {
+STEPS: dict[str | None, str | None] = {
     "load": "loading and initializing the library",
     "create": "creating the client (its constructor also lists devices, memories and the topology)",
     "devices": "listing the devices",
@@ -185,7 +185,8 @@ def run_probe(ctx: Context, framework: str, python: str) -> dict[str, Any]:
     events = _events(completed.stdout)
     for event in events:
         if "result" in event:
-            return event["result"]
+            result: dict[str, Any] = event["result"]
+            return result
     step = _last_step(completed.stdout)
     errors = [e["error"] for e in events if "error" in e]
     if errors and step is None:  # the framework itself did not import: nothing was asked of the plugin
@@ -203,7 +204,7 @@ def probe_options(ctx: Context) -> dict[str, Any]:
     return options
 
 
-def _crash_message(ctx: Context, label: str, step: str | None, completed: subprocess.CompletedProcess) -> str:
+def _crash_message(ctx: Context, label: str, step: str | None, completed: subprocess.CompletedProcess[str]) -> str:
     doing = STEPS.get(step, step) if step else "importing the framework"
     message = f"the {label} process {describe_exit(completed.returncode)} while {doing}"
     reached = list(XLA_CLIENT_SLOTS)[: list(XLA_CLIENT_SLOTS).index(_slot_step(step)) + 1]

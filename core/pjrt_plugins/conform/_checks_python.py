@@ -68,7 +68,7 @@ HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
     ),
     "pjrt_initialize_timeout": (
         "a number of seconds > 0",
-        lambda v: None if isinstance(v, Real) and not isinstance(v, bool) and v > 0 else f"returned {describe(v)}",
+        lambda v: None if isinstance(v, Real) and not isinstance(v, bool) and float(v) > 0 else f"returned {describe(v)}",
     ),
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._child_process import EventChild, describe_exit, output_tail
@@ -166,7 +166,7 @@ class _ChildRun:
     def timed_out(self) -> bool:
         return self._child.timed_out
 
-    def events(self):
+    def events(self) -> Iterator[dict[str, Any]]:
         child = self._child
         current: str | None = None
         for event in child.events(STARTUP_TIMEOUT_S + self.timeout):

@@ -90,7 +90,7 @@ def _plugin_owning(path: str) -> str | None:
             continue
         try:
             if os.path.exists(candidate) and os.path.samefile(candidate, path):
-                return row["name"]
+                return str(row["name"])
         except OSError as exc:
             logger.debug("plugin %s: cannot compare %s: %r", row["name"], candidate, exc)
     return None

@@ -28,7 +28,7 @@ def new_args(struct: str) -> Any:
     return args
 
 
-class Pool(list, Generic[T]):
+class Pool(list[T], Generic[T]):
     """Reusable objects for hot paths (args structs, sets of them): ``item = pool.take()``, use it,
     ``pool.give(item)``; saves an allocation per call.
 
@@ -72,7 +72,8 @@ def unpack_text(pointer: Any, size: int) -> str:
     """A plugin-owned ``char*`` of ``size`` bytes as str ("" for NULL; bad UTF-8 replaced)."""
     if pointer == ffi.NULL:
         return ""
-    return ffi.unpack(pointer, size).decode("utf-8", "replace")
+    text: str = ffi.unpack(pointer, size).decode("utf-8", "replace")
+    return text
 
 
 def version_text(version: tuple[int, int]) -> str:

@@ -92,7 +92,7 @@ class Buffer(OwnedHandle):
         self._client = client
         self._lib = client._lib
         self._ptr = ptr
-        self._calls: list = []  # calls in flight on this buffer (see _inflight)
+        self._calls: list[None] = []  # calls in flight on this buffer (see _inflight)
         self._host: Any = None
         self._shape = shape
         self._dtype = dtype

@@ -29,9 +29,9 @@ from ._cdef import ffi
 from ._compile_options import CompileOptions
 from ._devices import Device, Memory
 from ._dtypes import pjrt_type_of
-from ._executable import Executable
+from ._executable import Executable, _ExecuteFrame
 from ._host_arrays import aligned_copy, host_array
-from ._inflight import wait_for_calls
+from ._inflight import OwnedHandle, wait_for_calls
 from ._kv import KvCallbacks
 from ._library import Library, load_library
 from ._named_values import EncodedNamedValues
@@ -105,9 +105,9 @@ class Client:
         self._closed = True  # until PJRT_Client_Create succeeds; then set first thing by close()
         self._released = True  # until PJRT_Client_Create succeeds; then set once close() has freed it all
         self._ptr = ffi.NULL
-        self._calls: list = []  # calls in flight on this client and on what it owns (see _inflight)
-        self._running: list = []  # frames of the executes in flight, with their arguments
-        self._deferred: list = []  # buffers and executables deleted while calls used them
+        self._calls: list[None] = []  # calls in flight on this client and on what it owns (see _inflight)
+        self._running: list[_ExecuteFrame] = []  # frames of the executes in flight, with their arguments
+        self._deferred: list[OwnedHandle] = []  # buffers and executables deleted while calls used them
         self._lock = threading.RLock()
         self._pins = 0  # host views (Buffer.host_view) alive on this client's buffers: close() waits for none
         self._kv: KvCallbacks | None = None
@@ -236,7 +236,7 @@ class Client:
         if errors:
             for extra in errors[1:]:
                 logger.warning("closing the client on %r also failed: %s", self.plugin_name, extra)
-            if len(errors) > 1:
+            if len(errors) > 1 and hasattr(errors[0], "add_note"):  # Python 3.11 and newer
                 errors[0].add_note(f"{len(errors) - 1} more error(s) while closing this client were logged")
             raise errors[0]
 

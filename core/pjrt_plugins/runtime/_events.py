@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._library import Library
 
 logger = logging.getLogger(__name__)
-_pjrtp_finish_ready = _fastpath.library.pjrtp_finish_ready if _fastpath.library is not None else None
+_pjrtp_finish_ready: Any = _fastpath.library.pjrtp_finish_ready if _fastpath.library is not None else None
 
 #: How long the waiting thread sleeps between checks of its deadline and of CPU progress.
 WAIT_SLICE_S = 0.25
@@ -277,6 +277,7 @@ class EventWait:
                     self._arm(unhandled[-1])  # devices start in order: the last tends to finish last
                 if watch is None:
                     watch = _Watch(timeout, stall_timeout)
+                assert self._fired_signal is not None  # made above before the first callback was armed
                 watch.until(self._fired_signal)
         except BaseException:
             self._give_up()
@@ -364,6 +365,8 @@ class _Watch:
 
     def _stalled(self, now: float) -> bool:
         window = self.stall_timeout
+        if window is None:
+            return False
         cpu = time.process_time()
         samples = self.samples
         samples.append((now, cpu))
@@ -413,14 +416,17 @@ def _end_before_plugin_destructors() -> None:
 atexit.register(_end_before_plugin_destructors)
 
 
-def _callback_failed(exc_type: type, value: BaseException, tb: Any) -> None:
+def _callback_failed(exc_type: type[BaseException], value: BaseException, tb: Any) -> None:
     logger.error("PJRT_Event_OnReady callback failed", exc_info=(exc_type, value, tb))
 
 
-@ffi.callback("PJRT_Event_OnReadyCallback", onerror=_callback_failed)
-def _on_ready(error: Any, user_arg: Any) -> None:
+def _event_ready(error: Any, user_arg: Any) -> None:
     wait, index = ffi.from_handle(user_arg)
     try:
         wait._fired(index, error)
     finally:
         wait._handles.pop(index, None)  # fired once: the handle (which refers back to the wait) is done
+
+
+#: The C callback given to PJRT_Event_OnReady: calls :func:`_event_ready` on a plugin thread.
+_on_ready: Any = ffi.callback("PJRT_Event_OnReadyCallback", onerror=_callback_failed)(_event_ready)

@@ -14,7 +14,7 @@ import logging
 import threading
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -45,7 +45,7 @@ _SHAPE_DIMENSIONS = 3
 _LAUNCH_IDS = 2**31  # PJRT_ExecuteOptions.launch_id is a C int
 _EXECUTE = "PJRT_LoadedExecutable_Execute"
 _launch_ids_lock = threading.Lock()
-_pjrtp_execute = _fastpath.library.pjrtp_execute if _fastpath.library is not None else None
+_pjrtp_execute: Any = _fastpath.library.pjrtp_execute if _fastpath.library is not None else None
 
 
 def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np.dtype]] | None:
@@ -83,7 +83,7 @@ class _ExecuteFrame:
         num_args: int,
         num_outputs: int,
         params: Any,
-        pool: list,
+        pool: list[_ExecuteFrame],
         launch_ids: Any,
     ) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
@@ -129,7 +129,7 @@ class Executable(OwnedHandle):
         self._client = client
         self._lib = lib = client._lib
         self._ptr = loaded  # the PJRT_LoadedExecutable; None once deleted
-        self._calls: list = []  # calls in flight on this executable (see _inflight)
+        self._calls: list[None] = []  # calls in flight on this executable (see _inflight)
         self._exe: Any = None  # its PJRT_Executable, used within counted calls only
         try:
             self._exe = lib.invoke("PJRT_LoadedExecutable_GetExecutable", loaded_executable=loaded).executable
@@ -189,7 +189,7 @@ class Executable(OwnedHandle):
     def _size_fact(self, function: str, field: str) -> int:
         if field not in self._facts:
             self._facts[field] = int(getattr(self._invoke(function), field))
-        return self._facts[field]
+        return cast(int, self._facts[field])
 
     @property
     def name(self) -> str:
@@ -197,7 +197,7 @@ class Executable(OwnedHandle):
             with self._call():
                 args = self._lib.invoke("PJRT_Executable_Name", executable=self._exe)
                 self._facts["name"] = unpack_text(args.executable_name, args.executable_name_size)
-        return self._facts["name"]
+        return cast(str, self._facts["name"])
 
     @property
     def num_replicas(self) -> int:
@@ -275,7 +275,7 @@ class Executable(OwnedHandle):
                 if exc.code != _UNIMPLEMENTED:
                     raise
             self._facts["fingerprint"] = value
-        return self._facts["fingerprint"]
+        return cast("str | None", self._facts["fingerprint"])
 
     def cost_analysis(self) -> dict[str, Any]:
         """The plugin's cost properties (flops, bytes accessed, ...), possibly empty."""
@@ -327,14 +327,14 @@ class Executable(OwnedHandle):
             from jaxlib import xla_client
         except ImportError:
             raise NotImplementedError("printing optimized HLO needs jaxlib (pip install jaxlib)") from None
-        return xla_client.XlaComputation(code).as_hlo_text()
+        return str(xla_client.XlaComputation(code).as_hlo_text())
 
     def serialize(self) -> bytes:
         """Plugin-specific bytes for :meth:`Client.deserialize_executable` (same plugin build)."""
         with self._call():
             args = self._lib.invoke("PJRT_Executable_Serialize", executable=self._exe)
             try:
-                return ffi.unpack(args.serialized_bytes, args.serialized_bytes_size)
+                return bytes(ffi.unpack(args.serialized_bytes, args.serialized_bytes_size))
             finally:
                 if args.serialized_executable_deleter != ffi.NULL:
                     args.serialized_executable_deleter(args.serialized_executable)
@@ -428,7 +428,7 @@ class Executable(OwnedHandle):
             params = self.parameters
         if params is not None and len(params) != num_args:
             raise ValueError(f"this program takes {len(params)} argument(s) per device, got {num_args}")
-        return params
+        return cast("list[tuple[tuple[int, ...], np.dtype[Any]]] | None", params)
 
     def _execute(
         self, frame: _ExecuteFrame, args_per_device: Sequence[Sequence[Buffer]], device: Device | int | None, wait: bool

@@ -125,7 +125,9 @@ class Library:
         self._init_call: BoundedCall[None] | None = None
         self._initialized = False
         self._attributes: dict[str, Any] | None = None
-        self._error_message = self._error_get_code = self._error_destroy = None
+        self._error_message: Any = None  # the three error functions, bound at _open
+        self._error_get_code: Any = None
+        self._error_destroy: Any = None
         self._pools: dict[Callable[[Library], Any], Pool[Any]] = {}
 
     # -- opening ---------------------------------------------------------------------
@@ -289,7 +291,10 @@ class Library:
         paths fill (and reuse) their own structs and use :meth:`call`.
         """
         self._fn(name)  # an unknown or unsupported function raises before a struct is made for it
-        args = new_args(_cdef.SLOTS_BY_NAME[name].args)
+        struct = _cdef.SLOTS_BY_NAME[name].args
+        if struct is None:
+            raise TypeError(f"{name} takes no args struct; call it through library.function({name!r})")
+        args = new_args(struct)
         for field, value in fields.items():
             setattr(args, field, value)
         self.call(name, args)

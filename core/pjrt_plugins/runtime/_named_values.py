@@ -7,7 +7,7 @@ it until the C call that reads the array has returned.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..options import NamedValue, OptionType
 from ._cdef import STRUCT_SIZE, ffi
@@ -36,7 +36,7 @@ class EncodedNamedValues:
                 slot.string_value = data_c
                 slot.value_size = len(data)
             elif kind is OptionType.INT64:
-                slot.int64_value = int(value.value)
+                slot.int64_value = cast(int, value.value)  # validate_options made it an int
                 slot.value_size = 1
             elif kind is OptionType.INT64_LIST:
                 items = [int(v) for v in value.value]  # type: ignore[union-attr]
@@ -47,7 +47,7 @@ class EncodedNamedValues:
                 slot.int64_array_value = data_c
                 slot.value_size = len(items)
             elif kind is OptionType.FLOAT:
-                slot.float_value = float(value.value)
+                slot.float_value = cast(float, value.value)  # validate_options made it a float
                 slot.value_size = 1
             elif kind is OptionType.BOOL:
                 slot.bool_value = bool(value.value)

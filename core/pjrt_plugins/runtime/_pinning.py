@@ -27,7 +27,7 @@ _char_buffer = (
     if hasattr(ffi, "_backend") and hasattr(ffi, "BCharA")
     else ffi.from_buffer
 )
-_pjrtp_read_pinned = _fastpath.library.pjrtp_read_pinned if _fastpath.library is not None else None
+_pjrtp_read_pinned: Any = _fastpath.library.pjrtp_read_pinned if _fastpath.library is not None else None
 
 #: Taken to count host views (pins) and to delete a buffer or close a client: neither happens
 #: while a view is being taken (reentrant: a finalizer may run on a thread that holds it).
