@@ -11,6 +11,7 @@ family off.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib.metadata import Distribution, EntryPoint
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from ._marker import hookimpl
 from ._plugin import DevicePlugin
+from ._torch_xla import normalize_distribution_name
 
 #: JAX's entry-point group, and its namespace package.
 JAX_GROUP = "jax_plugins"
@@ -192,10 +194,6 @@ def _missing_hardware(name: str) -> str | None:
 
 def required_distributions(dist: Distribution) -> set[str]:
     """The normalized names ``dist`` requires (Requires-Dist, extras included), read cheaply from METADATA."""
-    import re
-
-    from ._torch_xla import normalize_distribution_name
-
     try:
         text = dist.read_text("METADATA") or ""
     except Exception:  # noqa: BLE001 - unreadable metadata: it requires nothing we can see

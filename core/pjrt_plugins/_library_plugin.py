@@ -12,8 +12,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from ._defaults import library_problem
-from ._plugin import DevicePlugin
 from ._marker import hookimpl
+from ._plugin import DevicePlugin
+from ._registry import registered_plugins
 
 LIBRARY_PATH_VAR = "PJRT_LIBRARY_PATH"
 NAMES_AND_PATHS_VAR = "PJRT_NAMES_AND_LIBRARY_PATHS"
@@ -56,8 +57,6 @@ class LibraryPlugin(DevicePlugin):
 
     def backend(self) -> DevicePlugin | None:
         """The installed backend whose library is this same file, or ``None`` (imports the installed plugins)."""
-        from ._registry import registered_plugins
-
         for plugin in registered_plugins().values():
             if plugin is self or isinstance(plugin, LibraryPlugin):
                 continue

@@ -19,13 +19,11 @@ MAX_TIMEOUT_S = float(threading.TIMEOUT_MAX)
 
 def seconds_problem(seconds: float) -> str | None:
     """Why ``seconds`` cannot be a time limit (not finite, not above 0, longer than the
-    platform can wait), or ``None``."""
-    if math.isnan(seconds):
-        return "must be a number of seconds, got nan"
-    if seconds <= 0:
-        return f"must be above 0 seconds, got {seconds:g}"
+    platform can wait), as "must be ...", or ``None``."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return "must be a finite number of seconds above 0"
     if seconds > MAX_TIMEOUT_S:
-        return f"must be at most {MAX_TIMEOUT_S:.0f} seconds (about 292 years), got {seconds:g}"
+        return f"must be at most {MAX_TIMEOUT_S:.0f} seconds (about 292 years)"
     return None
 
 
@@ -43,5 +41,5 @@ def checked_timeout(value: object, name: str, *, allow_none: bool = True) -> flo
     seconds = float(value)
     problem = seconds_problem(seconds)
     if problem is not None:
-        raise ValueError(f"{name} {problem}{hint}")
+        raise ValueError(f"{name} {problem}, got {value!r}{hint}")
     return seconds

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import _registry
 from ._defaults import env_int
 from .errors import DistributedSetupError, PjrtError
 
@@ -340,8 +341,6 @@ class TorchStoreKV:
 
 
 def _resolve_plugin(plugin: DevicePlugin | str | None) -> DevicePlugin:
-    from . import _registry
-
     if plugin is None:
         return _registry.default_plugin()
     if isinstance(plugin, str):

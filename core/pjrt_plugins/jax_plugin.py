@@ -19,6 +19,8 @@ import logging
 import os
 from typing import Any
 
+import pjrt_plugins
+
 from ._client_setup import checked_create_options, prepare_process
 
 logger = logging.getLogger(__name__)
@@ -42,8 +44,6 @@ def register_with_jax(name: str) -> bool:
     ``cuda``, ``tpu``, ...).
     """
     from jax._src import xla_bridge  # JAX is importing us: it is already loaded
-
-    import pjrt_plugins
 
     if name in JAX_OWN_PLATFORMS:
         raise ValueError(

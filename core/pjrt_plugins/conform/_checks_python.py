@@ -13,8 +13,13 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
+import pjrt_plugins
+
 from .._plugin import RNG_ALGORITHMS
+from .._registry import plugin_record
+from .._torch_xla import TorchXlaStylePlugin, torch_xla_contract_problems, torch_xla_name_problem
 from ..errors import PluginUnavailableError
+from ..options import validate_options
 from ._context import Context, preserved_environment
 from ._framework import Fail, check, describe
 
@@ -75,8 +80,6 @@ HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
 
 @check("python.load", "the plugin loads from its entry point", python=True)
 def check_load(ctx: Context) -> str:
-    import pjrt_plugins
-
     plugin = ctx.plugin  # PluginLoadError (with the original exception as its cause) fails the check
     if not isinstance(plugin, pjrt_plugins.DevicePlugin):
         raise Fail(f"the registry holds {type(plugin).__name__}, not a DevicePlugin")
@@ -126,8 +129,6 @@ def check_option_schema(ctx: Context) -> str:
     python=True,
 )
 def check_create_options(ctx: Context) -> str:
-    from ..options import validate_options
-
     plugin = ctx.plugin
     label = f"plugin {plugin.name!r}"
     with preserved_environment():
@@ -155,9 +156,6 @@ def check_create_options(ctx: Context) -> str:
     python=True,
 )
 def check_torch_xla(ctx: Context) -> str:
-    from .._registry import plugin_record
-    from .._torch_xla import TorchXlaStylePlugin, torch_xla_contract_problems, torch_xla_name_problem
-
     plugin = ctx.plugin
     if isinstance(plugin, TorchXlaStylePlugin):
         raise Fail(

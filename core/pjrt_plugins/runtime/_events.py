@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import cffi
+
 from ..errors import PjrtError
 from . import _fastpath
 from ._cdef import ffi
@@ -396,8 +398,6 @@ def _end_before_plugin_destructors() -> None:
     pending = abandoned_waits()
     if not pending:
         return
-    import cffi
-
     libc = cffi.FFI()
     libc.cdef("int on_exit(void (*function)(int, void *), void *arg); void _exit(int status);")
     try:
