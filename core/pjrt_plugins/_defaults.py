@@ -93,6 +93,10 @@ class CoreDefaults:
         return None
 
     @hookimpl(trylast=True)
+    def pjrt_library_missing_hint(self) -> None:
+        return None  # DevicePlugin names the plugin's distribution instead
+
+    @hookimpl(trylast=True)
     def pjrt_client_option_schema(self) -> None:
         return None
 
@@ -162,7 +166,7 @@ class CoreDefaults:
         return DEFAULT_INITIALIZE_TIMEOUT_S
 
 
-def library_problem(path: str | os.PathLike[str] | None) -> str | None:
+def library_path_problem(path: str | os.PathLike[str] | None) -> str | None:
     """Why ``path`` cannot be a plugin library (cheap checks only), or ``None``."""
     if path is None:
         return "its PJRT library could not be found"

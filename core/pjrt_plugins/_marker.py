@@ -18,6 +18,7 @@ IMPL_ATTRIBUTE = PROJECT_NAME + "_impl"
 HOOK_NAMES = frozenset(
     {
         "pjrt_library_path",
+        "pjrt_library_missing_hint",
         "pjrt_client_option_schema",
         "pjrt_client_create_options",
         "pjrt_check_client_options",

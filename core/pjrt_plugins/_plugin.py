@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._defaults import CoreDefaults, env_int, library_problem
+from ._defaults import CoreDefaults, env_int, library_path_problem
 from ._marker import HOOK_NAMES, IMPL_ATTRIBUTE, PROJECT_NAME
 from .errors import PluginConfigurationError, PluginUnavailableError
 
@@ -202,9 +202,9 @@ class DevicePlugin:
     def library_path(self) -> str:
         """Absolute path of the PJRT library; raises PluginUnavailableError if there is none."""
         path = self.hook.pjrt_library_path()
-        problem = library_problem(path)
+        problem = self._library_problem(path)
         if problem is not None:
-            raise PluginUnavailableError(f"plugin {self._label}: {problem}. {self._fix_hint()}")
+            raise PluginUnavailableError(f"plugin {self._label}: {problem}")
         fspath: str = os.fspath(path)
         return fspath
 
@@ -279,12 +279,12 @@ class DevicePlugin:
 
     def _availability(self) -> tuple[str | None, PluginConfigurationError | None]:
         try:
+            problem = self._library_problem(self.hook.pjrt_library_path())  # first: nothing runs without it
+            if problem is not None:
+                return problem, None
             reason = self.hook.pjrt_unavailable_reason()
             if reason:
                 return str(reason), None
-            problem = library_problem(self.hook.pjrt_library_path())
-            if problem is not None:
-                return problem, None
             if self.physical_chip_count() <= 0:
                 return "no devices of this kind were found on this host", None
         except PluginConfigurationError as exc:
@@ -297,8 +297,23 @@ class DevicePlugin:
         return self.unavailable_reason() is None
 
     def preflight(self) -> None:
-        """Run the backend's pre-initialization checks; raises PluginUnavailableError."""
+        """Check that the library is there, then run the backend's pre-initialization checks.
+
+        Raises :class:`PluginUnavailableError` (a missing library, with the backend's
+        :func:`~pjrt_plugins.hookspecs.pjrt_library_missing_hint`, or the backend's own reason).
+        """
+        problem = self._library_problem(self.hook.pjrt_library_path())
+        if problem is not None:
+            raise PluginUnavailableError(f"plugin {self._label}: {problem}")
         self.hook.pjrt_preflight()
+
+    def _library_problem(self, path: str | os.PathLike[str] | None) -> str | None:
+        """Why ``path`` (the library hook's answer) is no library, with what to do about it, or ``None``."""
+        problem = library_path_problem(path)
+        if problem is None:
+            return None
+        hint = self.hook.pjrt_library_missing_hint() or self._fix_hint()
+        return f"{problem}; {hint}"
 
     def create_client(
         self,
@@ -324,7 +339,7 @@ class DevicePlugin:
 
     def _fix_hint(self) -> str:
         dist = f" ({self.distribution})" if self.distribution else ""
-        return f"Reinstall the plugin package{dist} or set the library path its documentation names."
+        return f"reinstall the plugin package{dist} or set the library path its documentation names"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} distribution={self.distribution!r}>"

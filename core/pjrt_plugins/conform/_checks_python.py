@@ -48,6 +48,10 @@ def _int_at_least(low: int) -> tuple[str, Any]:
 #: hook -> (what it must return, the test). A test returns a problem or None.
 HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
     "pjrt_library_path": ("an absolute path or None", _library_path_ok),
+    "pjrt_library_missing_hint": (
+        "a str or None",
+        lambda v: None if v is None or isinstance(v, str) else f"returned {describe(v)}",
+    ),
     "pjrt_client_option_schema": (
         "a mapping or None",
         lambda v: None if v is None or isinstance(v, Mapping) else f"returned {type(v).__name__}",
