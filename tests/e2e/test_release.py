@@ -53,7 +53,8 @@ def test_the_check_reports_each_kind_of_problem(release_wheelhouse, tmp_path):
     wheels = wheels_in(broken)
     # the native wheel as the build left it, before auditwheel: linux_x86_64
     stub = wheels["pjrt-plugin-stub-neuron"]
-    stub.rename(broken / "pjrt_plugin_stub_neuron-0.1.0-py3-none-linux_x86_64.whl")
+    name, version, python, abi, _platform = stub.stem.split("-")
+    stub.rename(broken / f"{name}-{version}-{python}-{abi}-linux_x86_64.whl")
     # a core wheel without the template, as a plain `python -m build` made before
     core = wheels["pjrt-plugins"]
     _rewrite_wheel(release_wheelhouse / core.name, core, lambda n, d: None if "/_template/" in n else d)
