@@ -5,8 +5,8 @@ it returns, and nothing can bound it. Here the caller checks which events are re
 registers a ``PJRT_Event_OnReady`` callback on one that is not, and waits for that callback
 in short slices; then it checks again. So ``KeyboardInterrupt`` arrives at once, a deadline
 can be kept, and a wait on a plugin whose devices are host threads can notice that the
-process stopped using CPU altogether: a deadlock inside the plugin (docs/notes/runtime.md,
-"Waiting"). One callback at a time, because each costs a thread state and the GIL on a
+process stopped using CPU altogether: a deadlock inside the plugin (the documentation's
+Architecture page, "Waiting for a plugin"). One callback at a time, because each costs a thread state and the GIL on a
 plugin thread, and the devices of one execution finish together.
 
 A wait that is given up (interrupted, timed out) stays registered, together with any host

@@ -36,7 +36,7 @@ DEFAULT_STALL_TIMEOUT_S = 10.0
 #: XNNPACK fusions rebuild their runtime inside a program and then wait for tasks queued on the same
 #: intra-op pool that collectives park threads in; with as many threads as devices (the library's
 #: default on a machine with fewer cores) every thread can end up waiting, and the program
-#: deadlocks in an all-reduce (docs/notes/backends.md, "The all-reduce deadlock").
+#: deadlocks in an all-reduce (the documentation's Backends page, "The all-reduce deadlock").
 XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
 #: XLA's pool-size variables. Unset, the library gives its pools ``max(cores, devices)`` threads:
 #: enough with XNNPACK off, where the only thread a program parks is one per device in a collective
@@ -159,7 +159,8 @@ class CpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_physical_chip_count(self) -> int:
-        # The brief's convention: a CPU client's devices count as its chips.
+        # A CPU has no chips to count: a client's devices count as its chips, so torchrun's
+        # process count (one per chip) and the device count agree.
         return num_devices()
 
     @hookimpl
