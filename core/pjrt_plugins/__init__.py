@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._defaults import env_bool, env_int, env_value
+from ._env import env_bool, env_int, env_value
 from ._library_lookup import find_library, installed_library
 from ._plugin import DevicePlugin
 from ._registry import (

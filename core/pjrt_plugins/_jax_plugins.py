@@ -124,10 +124,11 @@ class JaxPackagePlugin(DevicePlugin):
         return -10
 
     @hookimpl
+    def pjrt_library_missing_hint(self) -> str | None:
+        return self._find_library()[1]  # why the package has none (the core says that it has none)
+
+    @hookimpl
     def pjrt_unavailable_reason(self) -> str | None:
-        path, why = self._find_library()
-        if path is None:
-            return why
         return _missing_hardware(plugin_name(self.package.module))
 
     def __repr__(self) -> str:

@@ -14,7 +14,9 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._defaults import CoreDefaults, env_int, library_path_problem
+from ._defaults import CoreDefaults, library_path_problem
+from ._env import env_int
+from ._timeouts import checked_timeout
 from ._marker import HOOK_NAMES, IMPL_ATTRIBUTE, PROJECT_NAME
 from .errors import PluginConfigurationError, PluginUnavailableError
 
@@ -262,7 +264,10 @@ class DevicePlugin:
         return int(self.hook.pjrt_priority() or 0)
 
     def initialize_timeout(self) -> float:
-        return float(self.hook.pjrt_initialize_timeout())
+        """Seconds opening the library, initializing it and creating a client may take (the hook's answer, checked)."""
+        seconds = checked_timeout(self.hook.pjrt_initialize_timeout(), f"{self._label}'s pjrt_initialize_timeout", allow_none=False)
+        assert seconds is not None
+        return seconds
 
     def unavailable_reason(self) -> str | None:
         """Why this plugin cannot run here (cheap: no library is opened), or ``None``; never raises."""

@@ -37,7 +37,7 @@ def checked_timeout(value: object, name: str, *, allow_none: bool = True) -> flo
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds{hint}, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}{hint}")
     seconds = float(value)
     problem = seconds_problem(seconds)
     if problem is not None:

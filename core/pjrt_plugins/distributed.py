@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _registry
-from ._defaults import env_int
+from ._env import env_int
 from .errors import DistributedSetupError, PjrtError
 
 if TYPE_CHECKING:  # pragma: no cover

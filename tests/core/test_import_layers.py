@@ -38,10 +38,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime: ABI facts", (
         "pjrt_plugins.runtime._cdef", "pjrt_plugins.runtime._elf", "pjrt_plugins.runtime._code_map",
         "pjrt_plugins.runtime._bounded", "pjrt_plugins.runtime._proto", "pjrt_plugins.runtime._dtypes",
-        "pjrt_plugins.runtime._compile_options", "pjrt_plugins.runtime._named_values",
+        "pjrt_plugins.runtime._compile_options", "pjrt_plugins.runtime._file_checksum",
         "pjrt_plugins.runtime._build_fastpath",
     )),
-    ("runtime: args and fast path", ("pjrt_plugins.runtime._args", "pjrt_plugins.runtime._fastpath")),
+    ("runtime: args and fast path", (
+        "pjrt_plugins.runtime._args", "pjrt_plugins.runtime._named_values", "pjrt_plugins.runtime._fastpath",
+    )),
     ("runtime: events", ("pjrt_plugins.runtime._events",)),
     ("runtime: library", ("pjrt_plugins.runtime._library",)),
     ("runtime: handles", (

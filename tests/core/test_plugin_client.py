@@ -68,7 +68,8 @@ def test_hooks_run_in_order_and_options_merge(cpu_library_path):
     with create_client_for_plugin(plugin) as client:
         assert isinstance(client, Client) and len(client.devices) == 2  # the plugin's own options
         assert client.plugin_name == "recording-cpu"
-    assert plugin.log == ["single", "preflight", "library_path", "create_options"]
+    # The core asks for the library (to refuse a missing one) before the backend's preflight.
+    assert plugin.log == ["single", "library_path", "preflight", "library_path", "create_options"]
     with create_client_for_plugin(plugin, {"cpu_device_count": 5}) as client:
         assert len(client.devices) == 5  # the caller's options are laid over the plugin's
 
@@ -92,14 +93,14 @@ def test_configure_false_skips_the_configure_hooks(cpu_library_path):
     plugin = RecordingCpuPlugin(str(cpu_library_path))
     with create_client_for_plugin(plugin, configure=False):
         pass
-    assert "single" not in plugin.log and plugin.log[0] == "preflight"
+    assert "single" not in plugin.log and plugin.log[:2] == ["library_path", "preflight"]
 
 
-def test_preflight_refusal_stops_before_the_library_is_touched(cpu_library_path):
+def test_preflight_refusal_stops_before_the_library_is_opened(cpu_library_path):
     plugin = RecordingCpuPlugin(str(cpu_library_path), refuse=True)
     with pytest.raises(PluginUnavailableError, match="no recording-cpu hardware"):
         create_client_for_plugin(plugin)
-    assert "library_path" not in plugin.log
+    assert plugin.log == ["single", "library_path", "preflight"]  # its path checked, nothing opened or created
 
 
 def test_options_are_validated_against_the_plugin_schema(cpu_library_path):

@@ -11,9 +11,15 @@ import functools
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ..errors import PjrtError
 from ._cdef import POINTER_CTYPES, STRUCT_SIZE, ffi
 
 T = TypeVar("T")
+_INTERNAL = 13  # absl::StatusCode::kInternal
+#: More items than any real answer of a plugin holds (devices, memories, dimensions, outputs, attributes).
+MAX_ITEMS = 1 << 20
+#: More bytes than any text a plugin hands back (a name, a kind, a serialized program).
+MAX_TEXT_BYTES = 1 << 31
 
 
 def new_args(struct: str) -> Any:
@@ -69,11 +75,39 @@ def args_pool(struct: str) -> Pool[Any]:
 
 
 def unpack_text(pointer: Any, size: int) -> str:
-    """A plugin-owned ``char*`` of ``size`` bytes as str ("" for NULL; bad UTF-8 replaced)."""
+    """A plugin-owned ``char*`` of ``size`` bytes as str ("" for NULL; bad UTF-8 replaced).
+
+    A size no text has (a negative number stored in a ``size_t``) is refused, never read.
+    """
     if pointer == ffi.NULL:
         return ""
+    if size > MAX_TEXT_BYTES:
+        raise broken_answer("a PJRT function", f"gave a text of {size} bytes", "the plugin")
     text: str = ffi.unpack(pointer, size).decode("utf-8", "replace")
     return text
+
+
+def broken_answer(function: str, what: str, plugin: str) -> PjrtError:
+    """The error for a plugin that reported success with an answer that cannot be used:
+    ``function`` reported success but ``what`` (e.g. "returned no client")."""
+    return PjrtError(
+        _INTERNAL,
+        f"{function} reported success but {what}",
+        function=function,
+        hint=f"a bug in the plugin {plugin}: using that answer would crash the process; report it to the plugin's "
+        "maintainers",
+    )
+
+
+def checked_count(pointer: Any, count: int, function: str, what: str, plugin: str) -> int:
+    """``count`` items at the plugin's ``pointer``, as an int, once both can be real: no more than
+    :data:`MAX_ITEMS` (a negative count in a ``size_t`` is huge), and not NULL when there are any."""
+    n = int(count)
+    if n > MAX_ITEMS:
+        raise broken_answer(function, f"gave {n} {what}, more than any plugin has", plugin)
+    if n and pointer == ffi.NULL:
+        raise broken_answer(function, f"gave {n} {what} at address NULL", plugin)
+    return n
 
 
 def version_text(version: tuple[int, int]) -> str:

@@ -37,10 +37,10 @@ class _HostPin:
 
     __slots__ = ("_buffer", "address")
 
-    def __init__(self, buffer: Buffer) -> None:
+    def __init__(self, buffer: Buffer, nbytes: int) -> None:
         self._buffer: Buffer | None = None
         with pin_lock:
-            self.address = pin(buffer._lib, buffer._handle())
+            self.address = pin(buffer._lib, buffer._handle(), nbytes)
             buffer._pins += 1
             buffer._client._pins += 1
             self._buffer = buffer
@@ -228,7 +228,8 @@ class Buffer(OwnedHandle):
             ptr = self._begin()
             try:  # the dims belong to the buffer: read them within the call
                 args = self._lib.invoke("PJRT_Buffer_Dimensions", buffer=ptr)
-                self._shape = tuple(ffi.unpack(args.dims, args.num_dims)) if args.num_dims else ()
+                rank = self._lib.count(args.dims, args.num_dims, "PJRT_Buffer_Dimensions", "dimensions")
+                self._shape = tuple(ffi.unpack(args.dims, rank)) if rank else ()
             finally:
                 self._end()
         return self._shape
@@ -255,11 +256,11 @@ class Buffer(OwnedHandle):
 
     @property
     def device(self) -> Device:
-        return self._client._device(self._invoke("PJRT_Buffer_Device").device)
+        return self._client._device(self._invoke("PJRT_Buffer_Device").device, "PJRT_Buffer_Device")
 
     @property
     def memory(self) -> Memory:
-        return self._client._memory(self._invoke("PJRT_Buffer_Memory").memory)
+        return self._client._memory(self._invoke("PJRT_Buffer_Memory").memory, "PJRT_Buffer_Memory")
 
     @property
     def on_device_size(self) -> int:
@@ -275,6 +276,8 @@ class Buffer(OwnedHandle):
         self._lib.call("PJRT_Buffer_ReadyEvent", args)
         event = args.event
         _READY_EVENT.give(args)
+        if event == ffi.NULL:  # asking a plugin about a NULL event would crash it
+            raise self._lib.broken_answer("PJRT_Buffer_ReadyEvent", "returned no event")
         return event
 
     @property
@@ -431,7 +434,7 @@ class Buffer(OwnedHandle):
             view = np.empty(physical, dtype)
             view.flags.writeable = False
         else:
-            pin = _HostPin(self)
+            pin = _HostPin(self, nbytes)
             # The view's memory chain (array -> read-only memoryview -> cffi buffer -> this cdata)
             # holds the pin; when the last array goes, the cdata's destructor releases it.
             anchor = ffi.gc(ffi.cast("char *", pin.address), lambda _cdata: pin.release())
@@ -478,6 +481,8 @@ class Buffer(OwnedHandle):
         ptr = self._begin()
         try:
             args = self._lib.invoke("PJRT_Buffer_CopyToDevice", buffer=ptr, dst_device=target._ptr)
+            if args.dst_buffer == ffi.NULL:
+                raise self._lib.broken_answer("PJRT_Buffer_CopyToDevice", "returned no buffer")
             return Buffer(self._client, args.dst_buffer, self._shape, self._dtype)
         finally:
             self._end()

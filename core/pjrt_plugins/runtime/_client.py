@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S
-from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError, PluginTimeoutError
+from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S, checked_timeout
+from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError, PluginTimeoutError
 from ..options import validate_options
-from ._args import args_pool, new_args, unpack_text, version_text
+from ._args import args_pool, broken_answer, new_args, unpack_text, version_text
 from ._bounded import BoundedCall
 from ._buffer import Buffer
 from ._cdef import ffi
@@ -40,7 +40,6 @@ from ._pinning import Pinning, pin_lock
 logger = logging.getLogger(__name__)
 _BUFFER_DESTROY = args_pool("PJRT_Buffer_Destroy_Args")
 
-_INTERNAL = 13  # absl::StatusCode::kInternal
 _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
 _UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -86,11 +85,31 @@ class Client:
     ``execute_timeout`` (seconds, or None) bounds every wait for an execution;
     ``stall_timeout`` declares an execution stuck once the process used no CPU for that
     long (meaningful only where devices are host threads: backends set it, the CPU one
-    does). Either raises :class:`~pjrt_plugins.ExecutionStuckError`.
+    does). Either raises :class:`~pjrt_plugins.ExecutionStuckError`. Each is a finite number
+    of seconds above 0, or None; anything else (``nan``, ``"10"``, ``-1``, ``1e308``) is
+    refused when it is set, with a ``TypeError`` or ``ValueError`` naming it.
     """
 
-    execute_timeout: float | None = None
-    stall_timeout: float | None = None
+    _execute_timeout: float | None = None
+    _stall_timeout: float | None = None
+
+    @property
+    def execute_timeout(self) -> float | None:
+        """Seconds an execute may wait for its devices (None: as long as they take)."""
+        return self._execute_timeout
+
+    @execute_timeout.setter
+    def execute_timeout(self, value: float | None) -> None:
+        self._execute_timeout = checked_timeout(value, "Client.execute_timeout")
+
+    @property
+    def stall_timeout(self) -> float | None:
+        """Seconds of a process using no CPU after which a waiting execute is stuck (None: never)."""
+        return self._stall_timeout
+
+    @stall_timeout.setter
+    def stall_timeout(self, value: float | None) -> None:
+        self._stall_timeout = checked_timeout(value, "Client.stall_timeout")
 
     def __init__(
         self,
@@ -111,6 +130,7 @@ class Client:
         self._lock = threading.RLock()
         self._pins = 0  # host views (Buffer.host_view) alive on this client's buffers: close() waits for none
         self._kv: KvCallbacks | None = None
+        initialize_timeout = checked_timeout(initialize_timeout, "initialize_timeout")
         lib = library if isinstance(library, Library) else load_library(library, initialize_timeout)
         self._lib = lib
         self.plugin_name = plugin_name or lib.name
@@ -135,10 +155,7 @@ class Client:
         else:
             _create_bounded(lib, args, encoded, initialize_timeout)
         if args.client == ffi.NULL:
-            raise PjrtError(
-                _INTERNAL, "PJRT_Client_Create reported success but returned no client", function="PJRT_Client_Create",
-                hint=f"a bug in the plugin {self.plugin_name!r}; using that client would crash the process",
-            )
+            raise broken_answer("PJRT_Client_Create", "returned no client", repr(self.plugin_name))
         self._ptr = args.client
         self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
@@ -187,6 +204,7 @@ class Client:
         (``Buffer.host_view()``) are alive. A handle the plugin fails to destroy does not
         stop the rest: everything is released, then the first error is raised.
         """
+        timeout = checked_timeout(timeout, "close(timeout)")
         if self._released:
             return
         with pin_lock:  # no view can be taken once the client is marked closed
@@ -371,8 +389,10 @@ class Client:
         """Every device the client sees, addressable or not."""
         if self._devices is None:
             with self._call() as ptr:
-                args = self._lib.invoke("PJRT_Client_Devices", client=ptr)
-                self._devices = [self._device(args.devices[i]) for i in range(args.num_devices)]
+                function = "PJRT_Client_Devices"
+                args = self._lib.invoke(function, client=ptr)
+                count = self._lib.count(args.devices, args.num_devices, function, "devices")
+                self._devices = [self._device(args.devices[i], function) for i in range(count)]
         return list(self._devices)
 
     @property
@@ -380,29 +400,31 @@ class Client:
         """The devices this process can run on."""
         if self._addressable is None:
             with self._call() as ptr:
-                args = self._lib.invoke("PJRT_Client_AddressableDevices", client=ptr)
-                self._addressable = [
-                    self._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
-                ]
+                function = "PJRT_Client_AddressableDevices"
+                args = self._lib.invoke(function, client=ptr)
+                count = self._lib.count(args.addressable_devices, args.num_addressable_devices, function, "devices")
+                self._addressable = [self._device(args.addressable_devices[i], function) for i in range(count)]
         return list(self._addressable)
 
     @property
     def memories(self) -> list[Memory]:
         with self._call() as ptr:
-            args = self._lib.invoke("PJRT_Client_AddressableMemories", client=ptr)
-            return [self._memory(args.addressable_memories[i]) for i in range(args.num_addressable_memories)]
+            function = "PJRT_Client_AddressableMemories"
+            args = self._lib.invoke(function, client=ptr)
+            count = self._lib.count(args.addressable_memories, args.num_addressable_memories, function, "memories")
+            return [self._memory(args.addressable_memories[i], function) for i in range(count)]
 
     def lookup_device(self, device_id: int) -> Device:
         """The device whose id is ``device_id``; PjrtError if there is none."""
         with self._call() as ptr:
-            return self._device(self._lib.invoke("PJRT_Client_LookupDevice", client=ptr, id=int(device_id)).device)
+            function = "PJRT_Client_LookupDevice"
+            return self._device(self._lib.invoke(function, client=ptr, id=int(device_id)).device, function)
 
     def lookup_addressable_device(self, local_hardware_id: int) -> Device:
         with self._call() as ptr:
-            args = self._lib.invoke(
-                "PJRT_Client_LookupAddressableDevice", client=ptr, local_hardware_id=int(local_hardware_id)
-            )
-            return self._device(args.addressable_device)
+            function = "PJRT_Client_LookupAddressableDevice"
+            args = self._lib.invoke(function, client=ptr, local_hardware_id=int(local_hardware_id))
+            return self._device(args.addressable_device, function)
 
     def default_device_assignment(self, num_replicas: int, num_partitions: int = 1) -> list[list[int]]:
         """Device ids as ``[replica][partition]``, the plugin's default placement.
@@ -458,17 +480,23 @@ class Client:
                     f"{self.plugin_name!r} does not have (its devices: {sorted(known)})"
                 )
 
-    def _device(self, ptr: Any) -> Device:
+    def _device(self, ptr: Any, function: str) -> Device:
+        """The Device of the plugin's handle ``ptr`` (``function``'s answer; NULL is refused)."""
         key = int(ffi.cast("uintptr_t", ptr))
         device = self._devices_by_ptr.get(key)
         if device is None:
+            if not key:
+                raise self._lib.broken_answer(function, "gave a NULL device")
             device = self._devices_by_ptr.setdefault(key, Device(self, ptr))
         return device
 
-    def _memory(self, ptr: Any) -> Memory:
+    def _memory(self, ptr: Any, function: str) -> Memory:
+        """The Memory of the plugin's handle ``ptr`` (``function``'s answer; NULL is refused)."""
         key = int(ffi.cast("uintptr_t", ptr))
         memory = self._memories_by_ptr.get(key)
         if memory is None:
+            if not key:
+                raise self._lib.broken_answer(function, "gave a NULL memory")
             memory = self._memories_by_ptr.setdefault(key, Memory(self, ptr))
         return memory
 
@@ -523,6 +551,9 @@ class Client:
             args.host_buffer_semantics = _ZERO_COPY if zero_copy else _UNTIL_TRANSFER_COMPLETES
             args.device = target._ptr
             self._lib.call("PJRT_Client_BufferFromHostBuffer", args)
+            if args.buffer == ffi.NULL:
+                self._settle_host_event(args.done_with_host_buffer, wait=True, host=(array, data))
+                raise self._lib.broken_answer("PJRT_Client_BufferFromHostBuffer", "returned no buffer")
             buffer = Buffer(self, args.buffer, array.shape, array.dtype, target._read_plan)
             if target._read_plan is None:  # a device's default memory and layout never change
                 target._read_plan = buffer.read_plan()._replace(order=None)
@@ -579,6 +610,8 @@ class Client:
                 compile_options=options_c,
                 compile_options_size=len(serialized),
             )
+            if args.executable == ffi.NULL:
+                raise self._lib.broken_answer("PJRT_Client_Compile", "returned no executable")
             return Executable(self, args.executable)
         finally:
             self._calls.pop()
@@ -609,6 +642,8 @@ class Client:
                 args.overridden_serialized_compile_options = keep
                 args.overridden_serialized_compile_options_size = len(serialized)
             self._lib.call("PJRT_Executable_DeserializeAndLoad", args)
+            if args.loaded_executable == ffi.NULL:
+                raise self._lib.broken_answer("PJRT_Executable_DeserializeAndLoad", "returned no executable")
             return Executable(self, args.loaded_executable)
         finally:
             self._calls.pop()

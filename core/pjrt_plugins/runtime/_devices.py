@@ -25,6 +25,8 @@ class _ClientPart:
     C call on one is a counted call on the client (ClientClosedError once it is closed)."""
 
     def __init__(self, client: Client, ptr: Any) -> None:
+        if not ptr:  # the client refuses a plugin's NULL before it gets here; calls on it would crash
+            raise ValueError(f"a {type(self).__name__} needs the plugin's handle, got NULL")
         self._client_ref = weakref.ref(client)
         self._lib = client._lib
         self._ptr = ptr
@@ -69,8 +71,10 @@ class Memory(_ClientPart):
     @property
     def addressable_by_devices(self) -> list[Device]:
         with self._call():
-            args = self._lib.invoke("PJRT_Memory_AddressableByDevices", memory=self._ptr)
-            return [self.client._device(args.devices[i]) for i in range(args.num_devices)]
+            function = "PJRT_Memory_AddressableByDevices"
+            args = self._lib.invoke(function, memory=self._ptr)
+            count = self._lib.count(args.devices, args.num_devices, function, "devices")
+            return [self.client._device(args.devices[i], function) for i in range(count)]
 
     def _to_string(self) -> str:
         with self._call():
@@ -112,19 +116,23 @@ class Device(_ClientPart):
     def attributes(self) -> dict[str, Any]:
         if self._attributes is None:
             with self._call():
-                args = self._lib.invoke("PJRT_DeviceDescription_Attributes", device_description=self._description)
-                self._attributes = decode_named_values(args.attributes, args.num_attributes)
+                function = "PJRT_DeviceDescription_Attributes"
+                args = self._lib.invoke(function, device_description=self._description)
+                self._attributes = decode_named_values(args.attributes, args.num_attributes, function)
         return dict(self._attributes)
 
     @property
     def memories(self) -> list[Memory]:
         with self._call():
-            args = self._lib.invoke("PJRT_Device_AddressableMemories", device=self._ptr)
-            return [self.client._memory(args.memories[i]) for i in range(args.num_memories)]
+            function = "PJRT_Device_AddressableMemories"
+            args = self._lib.invoke(function, device=self._ptr)
+            count = self._lib.count(args.memories, args.num_memories, function, "memories")
+            return [self.client._memory(args.memories[i], function) for i in range(count)]
 
     @property
     def default_memory(self) -> Memory:
-        return self.client._memory(self._invoke("PJRT_Device_DefaultMemory", device=self._ptr).memory)
+        function = "PJRT_Device_DefaultMemory"
+        return self.client._memory(self._invoke(function, device=self._ptr).memory, function)
 
     @property
     def debug_string(self) -> str:

@@ -128,6 +128,8 @@ class ReadyEvents:
             return errors
         if status == _fastpath.READINESS_UNKNOWN:  # the plugin cannot say: the caller waits for callbacks
             lib.error_to_exception(plan.errors[0], "PJRT_Event_IsReady")  # read and destroyed
+        elif status == _fastpath.INVALID_ARGUMENTS:  # a plan or count the runtime made wrongly: nothing touched
+            raise RuntimeError(f"pjrtp_finish_ready refused its plan or its {count} event(s) (a bug in pjrt_plugins)")
         return None  # RUNNING: not done yet
 
     def _errors_in_python(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S
+from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S, checked_timeout
 from ..errors import (
     ApiVersionError,
     LibraryLoadError,
@@ -29,7 +29,7 @@ from ..errors import (
     UnsupportedFunctionError,
 )
 from . import _cdef, _events
-from ._args import Pool, args_pool, new_args, version_text
+from ._args import Pool, args_pool, broken_answer, checked_count, new_args, version_text
 from ._bounded import BoundedCall
 from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
 from ._code_map import is_executable_address
@@ -59,6 +59,7 @@ def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> 
     have not returned within ``timeout`` seconds (default: 60; a later call waits for the
     same attempt).
     """
+    timeout = checked_timeout(timeout, "load_library(timeout)")
     given = Path(os.fspath(path))
     if not given.exists():
         raise LibraryLoadError(f"PJRT plugin library {str(given)!r} does not exist")
@@ -270,6 +271,16 @@ class Library:
             pool = self._pools.setdefault(kind, Pool(functools.partial(kind, self)))
         return pool
 
+    def broken_answer(self, function: str, what: str) -> PjrtError:
+        """The error for ``function`` reporting success with an answer that cannot be used
+        (``what``: "returned no executable"); never used, as using it would crash the process."""
+        return broken_answer(function, what, repr(self.name))
+
+    def count(self, pointer: Any, count: int, function: str, what: str) -> int:
+        """``count`` items of ``function``'s answer at ``pointer``, checked before any is read
+        (not NULL when there are some, not more than any plugin has)."""
+        return checked_count(pointer, count, function, what, repr(self.name))
+
     def supports_field(self, struct: str, field: str) -> bool:
         """Whether a plugin of this version knows ``struct.field`` (appended fields)."""
         added = _cdef.FIELDS_ADDED.get((struct, field))
@@ -345,6 +356,8 @@ class Library:
         """
         if event == ffi.NULL:
             return
+        if timeout is not None:
+            timeout = checked_timeout(timeout, "await_event(timeout)")
         errors = _events.errors_if_ready(self, (event,), function)
         if errors is None:
             try:
@@ -389,6 +402,7 @@ class Library:
         :class:`PluginInitializeTimeoutError` is raised and the thread is left behind (a
         plugin cannot be interrupted). A later call waits for that same first attempt.
         """
+        timeout = checked_timeout(timeout, "Library.initialize(timeout)")
         if self._initialized:
             return
         if timeout is None:
@@ -423,7 +437,7 @@ class Library:
                 self._attributes = {}
             else:
                 args = self.invoke("PJRT_Plugin_Attributes")
-                self._attributes = decode_named_values(args.attributes, args.num_attributes)
+                self._attributes = decode_named_values(args.attributes, args.num_attributes, "PJRT_Plugin_Attributes")
         return dict(self._attributes)
 
     # -- extensions ------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _fastpath
 from ._args import new_args
+from ..errors import PjrtError
 from ._cdef import ffi
 from ._library import Library
 
@@ -56,9 +57,9 @@ class Pinning:
             (self._hold_fn, self._where_fn, self._unhold_fn), (self._hold, self._where, self._unhold)
         )
 
-    def pin(self, ptr: Any) -> Any:
+    def pin(self, ptr: Any, nbytes: int) -> Any:
         """Take an external reference on the buffer ``ptr`` (until :meth:`unpin`); returns the
-        address of its bytes."""
+        address of its ``nbytes`` bytes (never NULL when there are some: that is refused)."""
         hold = self._hold
         hold.buffer = ptr
         err = self._hold_fn(hold)
@@ -72,7 +73,18 @@ class Pinning:
                 raise self._lib.error_to_exception(err, "PJRT_Buffer_OpaqueDeviceMemoryDataPointer")
             finally:
                 self.unpin(ptr)
-        return where.device_memory_ptr
+        address = where.device_memory_ptr
+        if nbytes and address == ffi.NULL:
+            try:
+                raise self._no_data(nbytes)
+            finally:
+                self.unpin(ptr)
+        return address
+
+    def _no_data(self, nbytes: int) -> PjrtError:
+        return self._lib.broken_answer(
+            "PJRT_Buffer_OpaqueDeviceMemoryDataPointer", f"gave NULL as the address of the buffer's {nbytes} bytes"
+        )
 
     def unpin(self, ptr: Any) -> None:
         """Drop the external reference :meth:`pin` took."""
@@ -88,34 +100,39 @@ class Pinning:
         if plan is not None:
             err = _pjrtp_read_pinned(plan, ptr, _char_buffer(out), out.nbytes)
             if err:
-                self._raise_read_error(plan, err)
+                self._raise_read_error(plan, err, out.nbytes)
             return out
-        address = self.pin(ptr)
+        nbytes = out.nbytes
+        address = self.pin(ptr, nbytes)
         try:
-            nbytes = out.nbytes
             if nbytes:
                 _memmove(out, address, nbytes)
         finally:
             self.unpin(ptr)
         return out
 
-    def _raise_read_error(self, plan: Any, err: Any) -> None:
+    def _raise_read_error(self, plan: Any, err: Any, nbytes: int) -> None:
         """Raise the error of a failed pjrtp_read_pinned, naming the function that failed."""
         lib = self._lib
+        step = plan.failed_step
+        if step == _fastpath.STEP_INVALID:  # err is the fast path's marker, no plugin error
+            raise RuntimeError("pjrtp_read_pinned refused its plan or buffer (a bug in pjrt_plugins)")
         unhold_error, plan.unhold_error = plan.unhold_error, ffi.NULL
         try:
-            raise lib.error_to_exception(err, _fastpath.READ_STEPS[plan.failed_step])
+            if step == _fastpath.STEP_NO_DATA:  # the same marker: the plugin gave NULL for the bytes
+                raise self._no_data(nbytes)
+            raise lib.error_to_exception(err, _fastpath.READ_STEPS[step])
         finally:
             if unhold_error:  # the unpin after a failed address query failed too: read and destroy it
                 raise lib.error_to_exception(unhold_error, "PJRT_Buffer_DecreaseExternalReferenceCount")
 
 
-def pin(lib: Library, ptr: Any) -> Any:
-    """Pin a buffer in host memory and return the address of its bytes (see :meth:`Pinning.pin`).
-    Call with :data:`pin_lock` held or within a counted call on the buffer."""
+def pin(lib: Library, ptr: Any, nbytes: int) -> Any:
+    """Pin a buffer of ``nbytes`` in host memory and return the address of its bytes (see
+    :meth:`Pinning.pin`). Call with :data:`pin_lock` held or within a counted call on the buffer."""
     pool = lib.pool(Pinning)
     pinning = pool.take()
-    address = pinning.pin(ptr)
+    address = pinning.pin(ptr, nbytes)
     pool.give(pinning)
     return address
 
