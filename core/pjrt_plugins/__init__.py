@@ -5,6 +5,11 @@ Importing this package registers every installed backend (entry-point group
 is imported until that plugin is asked for, no library is opened, and torch, numpy and
 cffi are not imported. Set ``PJRT_PLUGINS_AUTOLOAD=0`` to skip that and call
 :func:`discover_plugins` yourself.
+
+The layer of the public names, above the hook contract and discovery: it may import those and
+the foundation (errors, options, environment), but loads the runtime, pluggy and ``options``
+only on first use (``__getattr__``), and never imports the tools, the integrations or ``spmd``.
+Every layer and what it may import is in docs/architecture.md.
 """
 
 from __future__ import annotations

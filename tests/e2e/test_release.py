@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,11 @@ def test_the_wheelhouse_holds_a_checked_sdist_and_wheel_of_each_project(release_
     with zipfile.ZipFile(wheels["pjrt-plugins"]) as archive:
         assert "pjrt_plugins/conform/_template/csrc/api.c" in archive.namelist()
         assert "pjrt_plugins/runtime/libpjrt_plugins_fastpath.so" in archive.namelist()
+        # The checksum the runtime checks before it opens the library matches the repaired wheel's file.
+        library = archive.read("pjrt_plugins/runtime/libpjrt_plugins_fastpath.so")
+        recorded = archive.read("pjrt_plugins/runtime/libpjrt_plugins_fastpath.so.crc32").decode().strip()
+        assert recorded == f"size {len(library)} crc32 {zlib.crc32(library):08x}"
+        assert "pjrt_plugins/py.typed" in archive.namelist()
 
 
 def _rewrite_wheel(wheel: Path, target: Path, change) -> None:

@@ -1,8 +1,14 @@
 """The PJRT C API runtime: load plugin libraries, move buffers, compile and run programs.
 
 Everything goes through cffi in ABI mode against our own declarations (``_cdef``), with
-every C function gated by the plugin's ``struct_size`` and version and every ``PJRT_Error``
-turned into a :class:`~pjrt_plugins.PjrtError`. Importing this package opens no library.
+every C function gated by the plugin's ``struct_size`` and version, every answer checked
+before it is used, and every ``PJRT_Error`` turned into a :class:`~pjrt_plugins.PjrtError`.
+Importing this package opens no plugin library.
+
+The bottom layer: it may import only the foundation (errors, options, environment, time
+limits) and its own modules, each of which imports only those below it. It never sees a
+plugin object, the registry or the tools; creating a client from a plugin's hooks lives
+above it (:func:`pjrt_plugins.create_client_for_plugin`).
 """
 
 from __future__ import annotations

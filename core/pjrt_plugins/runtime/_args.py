@@ -1,8 +1,10 @@
-"""Args structs and plugin-owned text: what every call into a plugin starts from.
+"""Args structs in, the plugin's answers out: what every call into a plugin starts and ends with.
 
 The bottom of the runtime's calls: a fresh args struct with its ``struct_size`` set
-(:func:`new_args`), pools of reusable ones for the hot paths (:class:`Pool`), and the
-reading of a ``char*`` the plugin owns. Nothing here calls a plugin.
+(:func:`new_args`), pools of reusable ones for the hot paths (:class:`Pool`), and the rules
+for reading what a plugin hands back: a ``char*`` it owns, a count and an array checked
+before any item is read (:func:`checked_count`), and the error for an answer that cannot be
+used (:func:`broken_answer`). Nothing here calls a plugin.
 """
 
 from __future__ import annotations
