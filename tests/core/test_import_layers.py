@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime: handles", (
         "pjrt_plugins.runtime._inflight", "pjrt_plugins.runtime._kv", "pjrt_plugins.runtime._host_arrays",
         "pjrt_plugins.runtime._pinning", "pjrt_plugins.runtime._read_plan", "pjrt_plugins.runtime._devices",
+        "pjrt_plugins.runtime._client_create",
     )),
     ("runtime: buffers", ("pjrt_plugins.runtime._buffer",)),
     ("runtime: executables", ("pjrt_plugins.runtime._executable",)),

@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S, checked_timeout
-from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError, PluginTimeoutError
+from .._timeouts import checked_timeout
+from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError
 from ..options import validate_options
-from ._args import args_pool, broken_answer, new_args, unpack_text, version_text
-from ._bounded import BoundedCall
+from ._args import args_pool, new_args, unpack_text, version_text
 from ._buffer import Buffer
 from ._cdef import ffi
 from ._compile_options import CompileOptions
@@ -32,9 +31,9 @@ from ._dtypes import pjrt_type_of
 from ._executable import Executable, _ExecuteFrame
 from ._host_arrays import aligned_copy, host_array
 from ._inflight import OwnedHandle, wait_for_calls
+from ._client_create import create_pjrt_client
 from ._kv import KvCallbacks
 from ._library import Library, load_library
-from ._named_values import EncodedNamedValues
 from ._pinning import Pinning, pin_lock
 
 logger = logging.getLogger(__name__)
@@ -140,23 +139,7 @@ class Client:
         lib.initialize(initialize_timeout)
         self._destroy_buffer_fn = lib.function("PJRT_Buffer_Destroy")  # bound before a client exists to leak
         self._pinnings = lib.pool(Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
-        encoded = EncodedNamedValues(values)
-        args = new_args("PJRT_Client_Create_Args")
-        args.create_options = encoded.pointer
-        args.num_options = encoded.count
-        if kv_store is not None:
-            self._kv = KvCallbacks(kv_store)
-            args.kv_get_callback = self._kv.get
-            args.kv_put_callback = self._kv.put
-            if lib.supports_field("PJRT_Client_Create_Args", "kv_try_get_callback"):
-                args.kv_try_get_callback = self._kv.try_get
-        if self._kv is not None:  # on this thread: the store bounds each wait, and Ctrl-C reaches its get
-            lib.call("PJRT_Client_Create", args)
-        else:
-            _create_bounded(lib, args, encoded, initialize_timeout)
-        if args.client == ffi.NULL:
-            raise broken_answer("PJRT_Client_Create", "returned no client", repr(self.plugin_name))
-        self._ptr = args.client
+        self._ptr, self._kv = create_pjrt_client(lib, values, kv_store, initialize_timeout, self.plugin_name)
         self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
@@ -655,35 +638,6 @@ class Client:
         except ClientClosedError:  # closed by another thread meanwhile
             pass
         return f"<pjrt Client {self.plugin_name!r} (closed)>"
-
-
-def _create_bounded(lib: Library, args: Any, encoded: EncodedNamedValues, timeout: float | None) -> None:
-    """``PJRT_Client_Create(args)`` on a daemon thread, waited for at most ``timeout`` seconds.
-
-    Past it, PluginTimeoutError; a client the plugin creates later is destroyed then
-    (``args`` and the option values it points to stay alive until the call returns).
-    """
-
-    def create(keep_alive: Any = encoded) -> None:  # the option values stay alive as long as the call
-        lib.call("PJRT_Client_Create", args)
-
-    def destroy_late_client(_: None) -> None:
-        if args.client != ffi.NULL:
-            lib.invoke("PJRT_Client_Destroy", client=args.client)
-
-    call = BoundedCall(create, f"pjrt-client-create:{lib.name}")
-    if timeout is None:
-        timeout = DEFAULT_INITIALIZE_TIMEOUT_S
-    if call.wait(timeout):
-        call.outcome()
-        return
-
-    call.give_up(destroy_late_client)
-    raise PluginTimeoutError(
-        f"PJRT_Client_Create in {lib.name} did not return within {timeout:g} s. The plugin may be waiting for "
-        "hardware, a driver or a peer process; check the device and the plugin's requirements, or raise the "
-        "plugin's initialize timeout."
-    )
 
 
 def _serialized_options(options: CompileOptions | bytes) -> bytes:
