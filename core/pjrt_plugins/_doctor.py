@@ -17,6 +17,7 @@ import pjrt_plugins
 from ._child_process import child_environment, describe_exit, private_stdout, output_tail, parse_event, python_command
 from ._child_process import emit as emit_event
 from ._discovery import discover_for_tools
+from .errors import UnsupportedFunctionError
 from ._registry import PluginRecord, plugin_record
 
 _MARK = "@@pjrt-plugins-doctor@@ "
@@ -229,8 +230,6 @@ def probe(name: str) -> None:
 
 def _memory_check(client: Any) -> dict[str, Any]:
     """The ``memory`` check: the first addressable device's memory statistics (skipped where the plugin has none)."""
-    from .errors import UnsupportedFunctionError
-
     devices = client.addressable_devices
     if not devices:
         return {"check": "memory", "ok": None, "detail": "skipped: no addressable device", "fix": ""}

@@ -23,6 +23,7 @@ from typing import Any
 import pjrt_plugins
 
 from . import _registry, errors
+from .errors import PjrtPluginsError, UnsupportedExtensionError
 from ._child_process import private_stdout
 from ._cli_common import (
     EXIT_FAILURE,
@@ -181,8 +182,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _device_memories(device: Any) -> dict[str, Any]:
     """A device's memory spaces and the memory kinds it describes, for `devices` (errors as text)."""
-    from pjrt_plugins import PjrtPluginsError, UnsupportedExtensionError
-
     result: dict[str, Any] = {}
     try:
         default = device.default_memory.id if device.is_addressable else None

@@ -9,9 +9,8 @@
 - Imports under ``if TYPE_CHECKING:`` never run; they may name a module above only inside the
   runtime, whose objects name each other in annotations (a Buffer's ``client`` is a Client).
 
-The SPMD package is not laid out yet: its rows (sharding/, device/, transport/, lowering/,
-execution/, trace/, frontend/) go between "integrations" and "tools", and ``pjrt_plugins.spmd``
-then leaves :data:`NOT_LAYERED_YET`.
+The SPMD package keeps its own layers (sharding/ < devices/ < transport/ < lowering/ < execution/ <
+trace/ < frontend/), enforced by tests/spmd/test_import_layers.py; here it is :data:`NOT_LAYERED_YET`.
 """
 
 from __future__ import annotations
@@ -33,13 +32,14 @@ PACKAGE = "pjrt_plugins"
 #: exactly, else the first wildcard pattern.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Pure vocabulary every layer uses: exceptions, option types, the hookimpl marker, time limits.
-    ("foundation", ("pjrt_plugins.errors", "pjrt_plugins.options", "pjrt_plugins._marker", "pjrt_plugins._timeouts", "pjrt_plugins._env")),
+    ("foundation", ("pjrt_plugins.errors", "pjrt_plugins.options", "pjrt_plugins._marker", "pjrt_plugins._timeouts", "pjrt_plugins._env",
+                    "pjrt_plugins._native_logs")),
     # The runtime: a cffi binding that never sees a plugin object (its rows bottom first).
     ("runtime: ABI facts", (
         "pjrt_plugins.runtime._cdef", "pjrt_plugins.runtime._elf", "pjrt_plugins.runtime._code_map",
         "pjrt_plugins.runtime._bounded", "pjrt_plugins.runtime._proto", "pjrt_plugins.runtime._dtypes",
         "pjrt_plugins.runtime._compile_options", "pjrt_plugins.runtime._file_checksum",
-        "pjrt_plugins.runtime._build_fastpath",
+        "pjrt_plugins.runtime._build_fastpath", "pjrt_plugins.runtime._xspace",
     )),
     ("runtime: args and fast path", (
         "pjrt_plugins.runtime._args", "pjrt_plugins.runtime._named_values", "pjrt_plugins.runtime._fastpath",
@@ -48,8 +48,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime: library", ("pjrt_plugins.runtime._library",)),
     ("runtime: handles", (
         "pjrt_plugins.runtime._inflight", "pjrt_plugins.runtime._kv", "pjrt_plugins.runtime._host_arrays",
-        "pjrt_plugins.runtime._pinning", "pjrt_plugins.runtime._read_plan", "pjrt_plugins.runtime._devices",
-        "pjrt_plugins.runtime._client_create",
+        "pjrt_plugins.runtime._pinning", "pjrt_plugins.runtime._read_plan", "pjrt_plugins.runtime._memory",
+        "pjrt_plugins.runtime._devices", "pjrt_plugins.runtime._client_create", "pjrt_plugins.runtime._profiler",
     )),
     ("runtime: buffers", ("pjrt_plugins.runtime._buffer",)),
     ("runtime: executables", ("pjrt_plugins.runtime._executable",)),
@@ -66,7 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     # `import pjrt_plugins`: the public names, and discovery at import.
     ("package", ("pjrt_plugins",)),
-    ("integrations", ("pjrt_plugins.distributed", "pjrt_plugins.jax_plugin")),
+    ("integrations", ("pjrt_plugins.distributed", "pjrt_plugins.jax_plugin", "pjrt_plugins.profiler")),
     # (the SPMD rows go here)
     ("tools", (
         "pjrt_plugins._child_process", "pjrt_plugins._cli_common", "pjrt_plugins._listing", "pjrt_plugins._doctor",

@@ -884,6 +884,7 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
     shim_api.extension_start = chain;  /* instead of the real plugin's extensions */
   }
+#endif
 #ifdef SHIM_NULL_DATA_POINTER
   shim_api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer = shim_null_data_pointer;
 #endif

@@ -57,8 +57,8 @@ def memory_stats(device: Device) -> dict[str, int]:
     name = "PJRT_Device_MemoryStats"
     try:
         function = ffi.cast("PJRT_Device_MemoryStats_Fn*", lib.function(name))
-    except UnsupportedFunctionError as exc:
-        raise _not_provided(device, "device memory statistics", str(exc), name) from None
+    except UnsupportedFunctionError as missing:
+        raise _not_provided(device, "device memory statistics", str(missing), name) from None
     args = new_args("PJRT_Device_MemoryStats_Args")
     args.device = device._ptr
     with device._call():
