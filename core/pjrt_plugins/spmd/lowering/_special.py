@@ -364,7 +364,7 @@ _PRIM_ALIASES = {
     "transpose": aten.permute.default, "rev": aten.flip.default, "copy_strided": aten.clone.default,
 }
 for _prim, _aten_op in _PRIM_ALIASES.items():
-    LOWERINGS[getattr(prims, _prim).default] = LOWERINGS[_aten_op]
+    lowers(getattr(prims, _prim).default)(LOWERINGS[_aten_op])
 
 
 @lowers(prims.div.default)
