@@ -11,14 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue
-from ._mlir import tensor_type
+from ._mlir import padding_attr, tensor_type
 from ._table import lowers
 
 aten = torch.ops.aten
@@ -67,8 +65,7 @@ def conv_general(em: Emitter, lhs: TensorValue, rhs: TensorValue, g: ConvGeometr
     )
     if 0 in shape or lhs.numel == 0 or rhs.numel == 0:
         return em.constant(0, lhs.dtype, shape)  # empty operands sum nothing (XLA may refuse zero sizes)
-    padding = ir.DenseElementsAttr.get(np.asarray(g.padding, dtype=np.int64).reshape(-1, 2),
-                                       type=ir.IntegerType.get_signless(64))
+    padding = padding_attr(g.padding)
     v = hlo.convolution(tensor_type(shape, lhs.dtype), lhs.value, rhs.value, dnums, g.feature_groups, g.batch_groups,
                         window_strides=list(g.strides), padding=padding, lhs_dilation=list(g.lhs_dilation),
                         rhs_dilation=list(g.rhs_dilation), precision_config=em.options.precision_config())

@@ -198,6 +198,7 @@ def _linalg_qr(em: Emitter, out: tuple, a: TensorValue, mode: str = "reduced") -
     m, n = x.shape[-2], x.shape[-1]
     k = min(m, n)
     packed, taus = geqrf(em, x)
+    q: TensorValue | None
     if mode == "complete":
         r = _triangle(em, packed, lower=False)
         q = householder_product(em, _pad_columns(em, packed, m), _pad_last(em, taus, m)) if m else packed
