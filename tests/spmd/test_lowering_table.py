@@ -1,4 +1,4 @@
-"""The op table refuses a second rule for an operator (lowering, meta rule, decomposition) instead of replacing the first."""
+"""The op tables refuse a second rule for an operator (lowering, meta rule, decomposition): no silent overwrite."""
 
 from __future__ import annotations
 

@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from ...errors import PjrtPluginsError, UnsupportedOpError
+from ._promotion import LoweringFn, Promotion, make_pointwise, promoting
 
-LoweringFn = Callable[..., Any]
+#: An em-level pointwise function: ``fn(em, *operands, **attributes) -> TensorValue``.
+PointwiseFn = Callable[..., Any]
 
 LOWERINGS: dict[Any, LoweringFn] = {}
 #: Operators lowered as random number draws (each starts from its own row of the module's RNG keys).
@@ -69,20 +71,46 @@ def register_unique(table: dict[Any, Any], ops: tuple[Any, ...], fn: Any, site: 
         _SITES[(id(table), op)] = site
 
 
-def lowers(*ops: Any, random: bool = False) -> Callable[[LoweringFn], LoweringFn]:
-    """Register the decorated function as the lowering of ``ops`` (OpOverloads).
+def lowers(*ops: Any, random: bool = False, promotion: Promotion | None = None,
+           broadcast: bool = False) -> Callable[[LoweringFn], LoweringFn]:
+    """Register the decorated function as the lowering of ``ops`` (OpOverloads); returns the registered rule.
 
-    An op that already has a lowering raises :class:`DuplicateRegistrationError`.
+    With a ``promotion`` the rule gets its tensor operands in the dtype it names and its results are rounded
+    to the node's dtypes; with ``broadcast`` as well (pointwise ops), Python number operands become tensors
+    and every operand is broadcast to the result's shape (see :func:`promoting`). An op that already has a
+    lowering raises :class:`DuplicateRegistrationError`.
+    """
+    for op in ops:
+        if not isinstance(op, torch._ops.OpOverload):
+            raise TypeError(f"register overloads, not {op!r}")
+    if broadcast and promotion is None:
+        raise TypeError("broadcast=True needs a promotion (the dtype the operands are converted to)")
+    site = caller_site(1)
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        rule = fn if promotion is None else promoting(fn, promotion, broadcast=broadcast)
+        register_unique(LOWERINGS, ops, rule, site)
+        if random:
+            RANDOM_OPS.update(ops)
+        return rule
+
+    return register
+
+
+def pointwise(*ops: Any, promotion: Promotion = Promotion.COMPUTE) -> Callable[[PointwiseFn], PointwiseFn]:
+    """Register ``fn(em, *operands, **attributes)`` as the lowering of the pointwise ``ops``
+    (inductor's ``register_pointwise``); returns ``fn`` itself, still usable as a building block.
+
+    ``fn`` gets every operand in the ``promotion``'s dtype, broadcast to the result's shape, and its
+    result is rounded once to the node's dtype.
     """
     for op in ops:
         if not isinstance(op, torch._ops.OpOverload):
             raise TypeError(f"register overloads, not {op!r}")
     site = caller_site(1)
 
-    def register(fn: LoweringFn) -> LoweringFn:
-        register_unique(LOWERINGS, ops, fn, site)
-        if random:
-            RANDOM_OPS.update(ops)
+    def register(fn: PointwiseFn) -> PointwiseFn:
+        register_unique(LOWERINGS, ops, promoting(make_pointwise(fn), promotion, broadcast=True), site)
         return fn
 
     return register
