@@ -9,27 +9,23 @@ from typing import Any
 
 import torch
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue
+from ._promotion import Promotion, promoting
 from ._table import lowers
 
 aten = torch.ops.aten
 
 
-def _matmul(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue) -> TensorValue:
+def _product(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     """a @ b for 1-D/2-D/3-D operands with one leading batch dimension at most."""
-    cdt = compute_dtype(out.dtype)
-    a, b = em.convert(a, cdt), em.convert(b, cdt)
     if a.rank == 3 and b.rank == 3:
-        r = em.dot_general(a, b, ((2,), (1,)), ((0,), (0,)))
-    else:
-        r = em.dot_general(a, b, ((a.rank - 1,), (0,)))
-    return em.convert(r, out.dtype)
+        return em.dot_general(a, b, ((2,), (1,)), ((0,), (0,)))
+    return em.dot_general(a, b, ((a.rank - 1,), (0,)))
 
 
-@lowers(aten.mm.default, aten.bmm.default, aten.dot.default, aten.mv.default)
+@lowers(aten.mm.default, aten.bmm.default, aten.dot.default, aten.mv.default, promotion=Promotion.COMPUTE)
 def _mm(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue) -> TensorValue:
-    return _matmul(em, out, a, b)
+    return _product(em, a, b)
 
 
 def _scaled_sum(em: Emitter, out: torch.Tensor, bias: TensorValue, product: TensorValue, beta: Any, alpha: Any) -> TensorValue:
@@ -46,13 +42,20 @@ def _scaled_sum(em: Emitter, out: torch.Tensor, bias: TensorValue, product: Tens
 @lowers(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
 def _addmm(em: Emitter, out: torch.Tensor, bias: TensorValue, a: TensorValue, b: TensorValue, *,
            beta: Any = 1, alpha: Any = 1) -> TensorValue:
-    return _scaled_sum(em, out, bias, _matmul(em, out, a, b), beta, alpha)
+    """The product rounded to the result's dtype, then scaled and added to the bias in that dtype."""
+    return _scaled_sum(em, out, bias, _mm(em, out, a, b), beta, alpha)
+
+
+def _batch_summed(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue) -> TensorValue:
+    """sum over the batch of a[i] @ b[i]: one dot_general contracting the batch and inner dims."""
+    return em.dot_general(a, b, ((0, 2), (0, 1)))
+
+
+_batch_summed_product = promoting(_batch_summed, Promotion.COMPUTE)
 
 
 @lowers(aten.addbmm.default)
 def _addbmm(em: Emitter, out: torch.Tensor, bias: TensorValue, a: TensorValue, b: TensorValue, *, beta: Any = 1,
             alpha: Any = 1) -> TensorValue:
-    """bias + sum over the batch of a[i] @ b[i]: one dot_general contracting the batch and inner dims."""
-    cdt = compute_dtype(out.dtype)
-    product = em.convert(em.dot_general(em.convert(a, cdt), em.convert(b, cdt), ((0, 2), (0, 1))), out.dtype)
-    return _scaled_sum(em, out, bias, product, beta, alpha)
+    return _scaled_sum(em, out, bias, _batch_summed_product(em, out, a, b), beta, alpha)
+
