@@ -41,7 +41,24 @@ from ._module import (
     sharding_string,
     target_version,
 )
-from ._table import COMPLEX_LOWERINGS, LOWERINGS, META_RULES, RANDOM_OPS, is_random, op_name, refuse_generator
+from ._composites import COMPOSITES
+from ._table import (
+    COMPLEX_LOWERINGS,
+    LOWERINGS,
+    META_RULES,
+    RANDOM_OPS,
+    DuplicateRegistrationError,
+    is_random,
+    op_name,
+    refuse_generator,
+)
+
+# A decomposition of ours for an op that is also lowered by hand would never run (the lowering wins):
+# refuse it, as inductor's make_fallback refuses an op that has a decomposition.
+_shadowed = sorted(op_name(op) for op in COMPOSITES if op in LOWERINGS)
+if _shadowed:
+    raise DuplicateRegistrationError(f"{', '.join(_shadowed)} both lowered by hand and decomposed in _composites; "
+                                     "remove one of the two")
 
 
 def has_lowering(op: Any) -> bool:
