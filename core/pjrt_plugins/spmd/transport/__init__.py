@@ -17,6 +17,7 @@ from ._transfer import (
     reshard_buffers,
     upload,
     upload_host_tensor,
+    upload_shards,
 )
 
 __all__ = [
@@ -31,4 +32,5 @@ __all__ = [
     "reshard_buffers",
     "upload",
     "upload_host_tensor",
+    "upload_shards",
 ]

@@ -30,6 +30,7 @@ __all__ = [
     "reshard_buffers",
     "upload",
     "upload_host_tensor",
+    "upload_shards",
 ]
 
 #: Gathers moving more than this use two threads.
@@ -94,6 +95,45 @@ def upload_host_tensor(
             source, device=vd.devices[shard.device], copy=False if zero_copy else None
         )
         count_upload(shard.device, source.numel() * source.element_size())
+    return buffers
+
+
+def upload_shards(
+    pieces: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, sharding: ShardingSpec,
+    vd: VirtualDevice | None = None,
+) -> list[Any]:
+    """Upload one given (padded) shard per device ordinal, laid out by a tiled ``sharding``; returns the buffers.
+
+    ``pieces[i]`` is what device ``i`` holds: a CPU tensor of the padded shard shape
+    (``sharding.shard_shape(shape)``), converted to ``dtype`` if needed. Each device receives
+    its piece only. Raises :class:`ShardingError` for a wrong count or shape of pieces.
+    """
+    vd = vd or virtual_device()
+    if sharding.type not in (ShardingType.TILED, ShardingType.PARTIAL):
+        raise ShardingError(f"per-device shards need a tiled sharding, not {sharding}")
+    sharding.check_rank(tuple(shape))
+    sharding.check_devices(vd.device_ids)
+    if len(pieces) != vd.num_devices:
+        raise ShardingError(
+            f"got {len(pieces)} shards for {vd.num_devices} devices; give one shard per device, in device order"
+        )
+    padded = sharding.shard_shape(shape)
+    for ordinal, piece in enumerate(pieces):
+        if not isinstance(piece, torch.Tensor) or piece.device.type != "cpu":
+            raise VirtualDeviceError(f"shard {ordinal} must be a CPU tensor, got {type(piece).__name__}"
+                                     f"{' on ' + str(piece.device) if isinstance(piece, torch.Tensor) else ''}")
+        if tuple(piece.shape) != padded:
+            raise ShardingError(
+                f"shard {ordinal} has shape {tuple(piece.shape)} but sharding {sharding} of a {tuple(shape)} tensor "
+                f"gives every device a padded shard of shape {padded} (padding included)"
+            )
+    buffers: list[Any] = [None] * vd.num_devices
+    for ordinal, piece in enumerate(pieces):
+        source = piece.detach().to(dtype)
+        if not source.is_contiguous():
+            source = source.contiguous()
+        buffers[ordinal] = vd.client.buffer_from_host(source, device=vd.devices[ordinal])
+        count_upload(ordinal, source.numel() * source.element_size())
     return buffers
 
 
