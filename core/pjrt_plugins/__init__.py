@@ -29,6 +29,8 @@ from ._marker import hookimpl
 from .errors import (
     ApiVersionError,
     BufferViewedError,
+    CheckpointError,
+    CheckpointMismatchError,
     ClientClosedError,
     CompileCacheWarning,
     CpuFallbackWarning,
@@ -59,6 +61,8 @@ from .errors import (
 __all__ = [
     "ApiVersionError",
     "BufferViewedError",
+    "CheckpointError",
+    "CheckpointMismatchError",
     "ClientClosedError",
     "CompileCacheWarning",
     "CpuFallbackWarning",
