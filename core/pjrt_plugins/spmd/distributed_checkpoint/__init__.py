@@ -2,7 +2,8 @@
 
 ``SPMDSavePlanner`` / ``SPMDLoadPlanner`` for ``torch.distributed.checkpoint``: each distinct tile is
 written once, read from one device that holds it, and a checkpoint loads into any mesh and
-sharding. ``prime_optimizer`` creates an optimizer's state to load into. See docs/spmd.md, "Checkpoints".
+sharding. ``CheckpointManager`` numbers, keeps and restores them (asynchronous saves included);
+``prime_optimizer`` creates an optimizer's state to load into. See docs/spmd.md, "Checkpoints".
 
 Example::
 
@@ -18,11 +19,13 @@ Example::
 from __future__ import annotations
 
 from ...errors import CheckpointError, CheckpointMismatchError
+from ._manager import CheckpointManager
 from ._optimizer import prime_optimizer
 from ._planners import SPMDLoadPlanner, SPMDSavePlanner
 
 __all__ = [
     "CheckpointError",
+    "CheckpointManager",
     "CheckpointMismatchError",
     "SPMDLoadPlanner",
     "SPMDSavePlanner",
