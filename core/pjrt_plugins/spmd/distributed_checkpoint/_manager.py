@@ -14,6 +14,7 @@ import os
 import posixpath
 import signal
 import threading
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -76,6 +77,13 @@ def _watch_sigterm() -> bool:
         return True
 
 
+def _quiet_single_process_notice() -> None:
+    """Silence dcp's warning that it saves and loads in a single process: without a process group that is
+    what the manager means (a filter, not ``catch_warnings``: saves run on a background thread)."""
+    warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized, "
+                            r"assuming the intent is to (save|load) in a single process", category=UserWarning)
+
+
 def _positive(name: str, value: Any, *, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero_ok else 1):
         raise ValueError(f"{name} must be an integer {'>= 0' if zero_ok else '> 0'}, got {value!r}")
@@ -93,7 +101,8 @@ class CheckpointManager:
     newest (0: all). ``path`` is a local directory or an fsspec URL.
 
     Without a process group (one process owning the whole mesh, the usual case for the
-    ``pjrt`` device) no ``torch.distributed`` setup is needed. With one (``dist`` initialized),
+    ``pjrt`` device) no ``torch.distributed`` setup is needed (and dcp's warning that it works
+    in a single process is silenced). With one (``dist`` initialized),
     every process of the group must make the same calls; each writes the tiles its devices hold,
     a tile several processes hold is written once, rank 0 writes the marker and deletes old
     checkpoints, and ``path`` must be storage every process sees.
@@ -143,6 +152,8 @@ class CheckpointManager:
         if process_group is not None and not distributed:
             raise CheckpointError("a process_group was given but torch.distributed is not initialized")
         self.pg: dist.ProcessGroup | None = (process_group or dist.new_group()) if distributed else None
+        if self.pg is None:
+            _quiet_single_process_notice()
         self._preemption_pg = None
         if self.chkpt_on_preemption and self.pg is not None and dist.get_world_size(self.pg) > 1:
             # Every process must agree on the step; asked on a group of its own (saves may use self.pg meanwhile).
