@@ -155,6 +155,9 @@ def test_restore_raises_clear_errors(cpu8, tmp_path):
         CheckpointManager(str(tmp_path), 0)
     with pytest.raises(ValueError, match="max_to_keep must be an integer >= 0, got -1"):
         CheckpointManager(str(tmp_path), 1, max_to_keep=-1)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match="is a file; give the CheckpointManager a directory"):
+        manager(tmp_path / "file", save_interval=1)
 
 
 def test_manager_works_with_a_gloo_process_group(cpu8, tmp_path):

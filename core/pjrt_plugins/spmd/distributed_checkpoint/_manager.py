@@ -167,6 +167,7 @@ class CheckpointManager:
         self._async_sem = threading.Semaphore(pending)
         self._async_futures: list[tuple[int, Future]] = []
         self._save_mutex = threading.Lock()  # one checkpoint written at a time
+        self._tracked_lock = threading.Lock()  # the background writer and the caller both read the tracked list
         self._tracked_chkpts = self._load_tracked_chkpts()
 
     # -- where checkpoints are ----------------------------------------------------------------
@@ -189,6 +190,8 @@ class CheckpointManager:
         if not self._fs.exists(self._root):
             self._fs.makedirs(self._root, exist_ok=True)
             return deque()
+        if not self._fs.isdir(self._root):
+            raise CheckpointError(f"{self.base_path} is a file; give the CheckpointManager a directory")
         for entry in self._fs.ls(self._root, detail=True):
             if entry.get("type") != "directory":
                 continue
@@ -209,7 +212,8 @@ class CheckpointManager:
         return deque(sorted(found, key=lambda m: m.ts))
 
     def _delete_chkpt_at_step(self, step: int) -> None:
-        self._tracked_chkpts = deque(m for m in self._tracked_chkpts if m.step != step)
+        with self._tracked_lock:
+            self._tracked_chkpts = deque(m for m in self._tracked_chkpts if m.step != step)
         if not self._is_rank0():
             return
         path = self._get_path(step)
@@ -223,7 +227,9 @@ class CheckpointManager:
         """Delete the oldest checkpoints (by time taken, not step) until at most ``max_to_keep`` remain."""
         if self.max_to_keep > 0:
             while len(self._tracked_chkpts) > self.max_to_keep:
-                self._delete_chkpt_at_step(self._tracked_chkpts[0].step)
+                with self._tracked_lock:
+                    oldest = self._tracked_chkpts[0].step
+                self._delete_chkpt_at_step(oldest)
 
     def _write_marker(self, path: str, meta: _CheckpointMetadata) -> None:
         marker = posixpath.join(path, _MANAGER_METADATA_FILE)
@@ -249,7 +255,8 @@ class CheckpointManager:
             meta = _CheckpointMetadata(step=step, ts=datetime.now())
             if self._is_rank0():
                 self._write_marker(path, meta)
-            self._tracked_chkpts.append(meta)
+            with self._tracked_lock:
+                self._tracked_chkpts.append(meta)
             self._release_oldest_checkpoints()
             logger.info("saved checkpoint of step %d to %s", step, path)
 
@@ -352,7 +359,8 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """The steps of the tracked (complete) checkpoints, ascending; ``max(all_steps())`` is the latest."""
-        return sorted(m.step for m in self._tracked_chkpts)
+        with self._tracked_lock:
+            return sorted(m.step for m in self._tracked_chkpts)
 
     def reached_preemption(self, step: int) -> bool:
         """True once a SIGTERM was received (by any process of the group), from that step on."""
