@@ -309,3 +309,10 @@ def test_objects_and_cpu_tensors_load_in_place_with_pjrt_tensors(cpu8, tmp_path)
     assert torch.equal(state["rng"]["cpu"], rng["cpu"]) and torch.equal(state["rng"]["pjrt"], rng["pjrt"])
     assert state["step"] == 7 and state["groups"] == [{"lr": 0.5, "params": [0, 1]}]
     assert torch.equal(state["w"].cpu(), sharded_model().fc1.weight.cpu())
+
+
+def test_dcp_async_save_of_pjrt_tensors_fails_clearly(cpu8, tmp_path):
+    # Its stager copies each tensor's storage and attributes, which a pjrt tensor's device buffers are not:
+    # CheckpointManager.save_async is the asynchronous save for them (docs/missing.md).
+    with pytest.raises(TypeError, match="the data of a pjrt tensor .* cannot be copied or pickled on its own"):
+        dcp.async_save({"model": sharded_model().state_dict()}, checkpoint_id=str(tmp_path), no_dist=True)
