@@ -203,6 +203,18 @@ def test_uneven_shards_round_trip(cpu8, tmp_path, shape, mesh_shape, saved, load
         assert torch.equal(shard.data, expected), shard.shard_device
 
 
+def test_a_marked_tensor_overwritten_on_the_host_is_saved_whole_and_loads_back_marked(cpu8, tmp_path):
+    mesh = xs.Mesh(range(8), (2, 4))
+    t = xs.mark_sharding(torch.zeros(8, 8).to("pjrt"), mesh, (0, 1))
+    value = torch.randn(8, 8)
+    t.copy_(value)  # back on the host until its next use, its declared sharding kept
+    metadata = save({"t": t}, tmp_path)
+    assert len(metadata.state_dict_metadata["t"].chunks) == 1
+    target = xs.mark_sharding(torch.zeros(8, 8).to("pjrt"), mesh, (1, 0))
+    load({"t": target}, tmp_path)
+    assert torch.equal(target.cpu(), value) and target.sharding_spec == "{devices=[4,2]0,4,1,5,2,6,3,7}"
+
+
 def test_load_planner_separates_tensors_and_fills_shards_only_when_complete(cpu8, tmp_path):
     model = sharded_model(seed=1)
     save(model.state_dict(), tmp_path)

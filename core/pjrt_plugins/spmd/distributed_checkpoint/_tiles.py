@@ -69,8 +69,9 @@ def prepare(tensors: list[torch.Tensor]) -> None:
 class TiledTensor:
     """The tiles of one (materialized) pjrt tensor: how it is read for a save and written by a load.
 
-    ``layout`` is the sharding its buffers follow (DEVICE) or declare (HOST); a tensor that is not
-    split (replicated, unmarked, or held on the host) is one whole tile read or written on the host.
+    ``layout`` is the sharding its device buffers follow; a tensor that is not split over the devices
+    (replicated, unmarked, or held on the host, as after ``copy_`` from a CPU tensor, whatever its
+    declared sharding) is one whole tile, read or written on the host.
     """
 
     def __init__(self, tensor: torch.Tensor, *, for_load: bool = False) -> None:
@@ -79,10 +80,8 @@ class TiledTensor:
         data = self.data
         self.shape = data.shape
         self.dtype = data.dtype
-        layout = data.sharding if data.state is TensorState.DEVICE else data.annotation
+        layout = data.sharding if data.state is TensorState.DEVICE else None
         split = layout is not None and layout.type in _TILED and data.numel > 0
-        if split and for_load and data.state is not TensorState.DEVICE:
-            split = False  # host data takes a whole new value; the next use uploads it by its annotation
         if split and for_load and (data.view_of is not None or data.live_views()):
             # Views see a write into their base only through the engine: load through copy_ (whole).
             split = False
