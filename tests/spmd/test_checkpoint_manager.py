@@ -71,6 +71,17 @@ def test_manager_saves_every_interval_and_restores(cpu8, tmp_path):
     assert manager(tmp_path, save_interval=10).all_steps() == [0, 5, 10, 20, 30]  # found again from the disk
 
 
+def test_a_relative_path_stays_where_it_was_when_the_directory_changes(cpu8, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mgr = CheckpointManager("runs", save_interval=1, chkpt_on_preemption=False)
+    monkeypatch.chdir("/")
+    state = sharded_model(1).state_dict()
+    assert mgr.save(1, state) and (tmp_path / "runs" / "1" / ".manager_metadata").is_file()
+    restored = sharded_model(2).state_dict()
+    mgr.restore(1, restored)
+    assert same(values(restored), values(state))
+
+
 def test_max_to_keep_drops_the_oldest_by_time_and_persists(cpu8, tmp_path):
     mgr = manager(tmp_path, save_interval=10, max_to_keep=2)
     state = sharded_model().state_dict()

@@ -18,7 +18,7 @@ import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import torch
@@ -177,8 +177,8 @@ class CheckpointManager:
         return posixpath.join(self._root, str(step))
 
     def _url(self, step: int) -> str:
-        """The checkpoint directory of ``step`` as ``path`` names it (with its protocol, for the writer)."""
-        return self.base_path.rstrip("/") + "/" + str(step)
+        """The checkpoint directory of ``step`` with its protocol (``file:///...``, ``gs://...``), for dcp."""
+        return str(self._fs.unstrip_protocol(self._get_path(step)))
 
     def _is_rank0(self) -> bool:
         return self.pg is None or dist.get_rank(self.pg) == 0
@@ -252,7 +252,7 @@ class CheckpointManager:
                 process_group=self.pg,
                 no_dist=self.pg is None,
             )
-            meta = _CheckpointMetadata(step=step, ts=datetime.now())
+            meta = _CheckpointMetadata(step=step, ts=datetime.now(timezone.utc))
             if self._is_rank0():
                 self._write_marker(path, meta)
             with self._tracked_lock:
