@@ -34,6 +34,8 @@ from ._marker import hookimpl
 from .errors import (
     ApiVersionError,
     BufferViewedError,
+    CheckpointError,
+    CheckpointMismatchError,
     ClientClosedError,
     CompileCacheWarning,
     CpuFallbackWarning,
@@ -67,6 +69,8 @@ from .errors import (
 __all__ = [
     "ApiVersionError",
     "BufferViewedError",
+    "CheckpointError",
+    "CheckpointMismatchError",
     "ClientClosedError",
     "CompileCacheWarning",
     "CpuFallbackWarning",

@@ -231,3 +231,17 @@ class ExecutionStuckError(PjrtPluginsError, TimeoutError):
         self.waited = waited
         self.reason = reason
         super().__init__(message)
+
+
+class CheckpointError(PjrtPluginsError, RuntimeError):
+    """A checkpoint could not be saved or restored (``pjrt_plugins.spmd.distributed_checkpoint``).
+
+    Raised for a step the checkpoint manager does not track, a save that failed in the
+    background (re-raised by the next call, ``__cause__`` is the original error), and as the
+    base of :class:`CheckpointMismatchError`.
+    """
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A checkpoint does not fit the state dict it is loaded into: a missing key, another shape,
+    a tensor where the checkpoint holds an object (or the reverse), or a checkpoint of another model."""
