@@ -16,8 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import InputShardingError, ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
+from ..errors import (
+    InputShardingError,
+    ManualShardingError,
+    ShardingConflictError,
+    ShardingError,
+    SpmdDisabledError,
+    VirtualDeviceError,
+)
 from . import devices as _devices
+from .collectives import disable_manual_sharding, enable_manual_sharding
 from .devices import (
     HybridMesh,
     Mesh,
@@ -56,6 +64,7 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
 __all__ = [
     "HybridMesh",
     "InputShardingError",
+    "ManualShardingError",
     "Mesh",
     "Metrics",
     "OpSharding",
@@ -73,6 +82,8 @@ __all__ = [
     "clear_compile_cache",
     "clear_sharding",
     "device",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
     "get_1d_mesh",
     "get_global_mesh",
     "is_spmd",
