@@ -11,11 +11,12 @@ import torch
 import pjrt_plugins.spmd as xs
 import pjrt_plugins.spmd.xla_model as xm
 from pjrt_plugins.errors import LoweringError, ManualShardingError, ShardingError, VirtualDeviceError
+from pjrt_plugins.spmd import devices
 from pjrt_plugins.spmd.execution import last_program
 from pjrt_plugins.spmd.sharding import OpSharding, ShardingType
 from pjrt_plugins.spmd.transport import upload_host_tensor
 
-from _exec_support import engine  # noqa: F401
+from _exec_support import engine, ensure_cpu8  # noqa: F401
 
 N = 8
 HALVES = [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -316,3 +317,30 @@ def test_region_misuse_is_refused(mesh):
         xm.all_gather(local, use_global_device_ids=False)
     with pytest.raises(IndexError, match="dim 2 is out of range"):
         xm.all_gather(local, dim=2)
+
+
+@pytest.fixture
+def one_device():
+    """pjrt:0 over a single CPU device (SPMD on), the 8-device setup again afterwards."""
+    ensure_cpu8()
+    xs.sync()  # nothing pending of the 8-device setup is left for the new device
+    devices.set_spmd(True)
+    xs.set_plugin("cpu", options={"cpu_device_count": 1})
+    yield xs.virtual_device()
+    xs.sync()
+    ensure_cpu8()
+
+
+def test_a_region_on_a_one_device_mesh_runs_across_a_sync(one_device):
+    """With one partition XLA reports every output replicated; a region's values stay {manual} all the same."""
+    mesh = xs.Mesh([0], (1,), ("x",))
+    x = torch.arange(8.0).reshape(2, 4).to("pjrt").requires_grad_()
+    local = xs.enable_manual_sharding(x, ("x", None), mesh=mesh)
+    gathered = xm.all_gather(xm.all_reduce(xm.REDUCE_SUM, local, scale=2.0), 0)
+    xs.sync()
+    assert gathered.sharding_spec == "{manual}"
+    moved = xm.all_to_all(xm.collective_permute(gathered, [[0, 0]]), 0, 1, 1)
+    out = xs.disable_manual_sharding(moved, ("x", None), (2, 4), mesh=mesh)
+    out.sum().backward()
+    assert torch.equal(out.detach().cpu(), 2 * torch.arange(8.0).reshape(2, 4))
+    assert torch.equal(x.grad.cpu(), torch.full((2, 4), 2.0))

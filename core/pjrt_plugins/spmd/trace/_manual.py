@@ -15,7 +15,7 @@ from ._op_info import op_info
 from ._state import ENGINE
 from ._trace import GETITEM, INPUT, Trace
 
-__all__ = ["in_manual_region"]
+__all__ = ["in_manual_region", "is_region_value"]
 
 #: id(entry) -> (entry, whether its value is manual). An entry tuple is shared by every trace through its step
 #: (the same prefix of entries), so the answer holds for all of them and is worked out once per step.
@@ -31,6 +31,17 @@ def in_manual_region(data: TensorData) -> bool:
         return data.annotation is not None and data.annotation.is_manual
     value = data.lazy
     return _manual_at(value.trace, value.index)
+
+
+def is_region_value(trace: Trace, index: int) -> bool:
+    """Whether value ``index`` of ``trace`` is a region value (cheap when no region was ever recorded).
+
+    For programs of one partition, whose outputs XLA reports replicated, even a region's: their data is
+    marked ``{manual}`` all the same, so a region on a one-device mesh goes on after a sync.
+    """
+    if id(FULL_TO_SHARD) not in ENGINE.op_infos and not any(spec.is_manual for spec in ENGINE.spec_tokens):
+        return False
+    return _manual_at(trace, index)
 
 
 def _tensor_refs(keys: Any, out: list[int]) -> None:
