@@ -151,6 +151,15 @@ class ShardingConflictError(ShardingError, RuntimeError):
     """
 
 
+class ManualShardingError(ShardingError, RuntimeError):
+    """A tensor is used inside or outside a manual-sharding region where it cannot be: a collective or
+    ``disable_manual_sharding`` on a tensor that is not a value of a region, or ``enable_manual_sharding``
+    on one that already is.
+
+    Also a ``RuntimeError``, what PyTorch/XLA raises for a tensor that is not manual-sharded.
+    """
+
+
 class InputShardingError(ShardingError, RuntimeError):
     """A loaded batch does not fit the loader's ``input_sharding`` (a key without a spec, a spec of another
     rank, a batch size the devices do not divide); raised before any of the batch is uploaded.

@@ -27,6 +27,7 @@ from . import (  # noqa: F401
 from . import _ternary  # noqa: F401  (lerp, addcmul, addcdiv: the optimizers' per-parameter ops)
 from . import _optim  # noqa: F401  (the fused Adam/AdamW step, one op per step)
 from . import _region  # noqa: F401  (a torch.compile graph, one op per call)
+from . import _collectives  # noqa: F401  (manual-sharding regions and their collectives)
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
