@@ -12,8 +12,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+import pjrt_plugins
+
 from ._child_process import child_environment, describe_exit, private_stdout, output_tail, parse_event, python_command
 from ._child_process import emit as emit_event
+from ._discovery import discover_for_tools
+from .errors import UnsupportedFunctionError
 from ._registry import PluginRecord, plugin_record
 
 _MARK = "@@pjrt-plugins-doctor@@ "
@@ -101,7 +105,7 @@ def _probe_in_child(name: str, timeout: float) -> list[Check]:
                 "raise --timeout if it is only slow, or pick another plugin with PJRT_DEVICE",
             )
         )
-    elif returncode != 0:
+    elif returncode:  # None only when it timed out (above)
         # A stage that never finished died with the process; otherwise it died on the way out.
         stage = current or ("loaded" if not checks else "process exit")
         checks.append(Check(stage, False, f"the process {describe_exit(returncode)}{output_tail(stderr)}", _crash_fix(returncode, name)))
@@ -162,10 +166,6 @@ def _run_stage(stage: str, action: Any, fix: str) -> Any:
 
 def probe(name: str) -> None:
     """Run the checks for ``name`` in this (child) process, reporting each on stdout."""
-    import pjrt_plugins
-
-    from ._discovery import discover_for_tools
-
     discover_for_tools()
     _emit(start="loaded")
     try:
@@ -192,7 +192,7 @@ def probe(name: str) -> None:
         return
 
     def api_version() -> tuple[bool, str, Any]:
-        from .runtime import load_library
+        from .runtime import load_library  # the lazy seam: only the doctor's child loads the runtime
 
         major, minor = load_library(path).api_version
         return True, f"{major}.{minor}", (major, minor)
@@ -230,8 +230,6 @@ def probe(name: str) -> None:
 
 def _memory_check(client: Any) -> dict[str, Any]:
     """The ``memory`` check: the first addressable device's memory statistics (skipped where the plugin has none)."""
-    from .errors import UnsupportedFunctionError
-
     devices = client.addressable_devices
     if not devices:
         return {"check": "memory", "ok": None, "detail": "skipped: no addressable device", "fix": ""}

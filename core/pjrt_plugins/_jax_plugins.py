@@ -11,6 +11,7 @@ family off.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib.metadata import Distribution, EntryPoint
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from ._marker import hookimpl
 from ._plugin import DevicePlugin
+from ._torch_xla import normalize_distribution_name
 
 #: JAX's entry-point group, and its namespace package.
 JAX_GROUP = "jax_plugins"
@@ -122,10 +124,11 @@ class JaxPackagePlugin(DevicePlugin):
         return -10
 
     @hookimpl
+    def pjrt_library_missing_hint(self) -> str | None:
+        return self._find_library()[1]  # why the package has none (the core says that it has none)
+
+    @hookimpl
     def pjrt_unavailable_reason(self) -> str | None:
-        path, why = self._find_library()
-        if path is None:
-            return why
         return _missing_hardware(plugin_name(self.package.module))
 
     def __repr__(self) -> str:
@@ -192,10 +195,6 @@ def _missing_hardware(name: str) -> str | None:
 
 def required_distributions(dist: Distribution) -> set[str]:
     """The normalized names ``dist`` requires (Requires-Dist, extras included), read cheaply from METADATA."""
-    import re
-
-    from ._torch_xla import normalize_distribution_name
-
     try:
         text = dist.read_text("METADATA") or ""
     except Exception:  # noqa: BLE001 - unreadable metadata: it requires nothing we can see

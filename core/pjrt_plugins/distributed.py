@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._defaults import env_int
+from . import _registry
+from ._env import env_int
 from .errors import DistributedSetupError, PjrtError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,12 +181,12 @@ def default_store(timeout: float | None = None) -> Any:
                 "not set. Launch with torchrun (it sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE), call "
                 "torch.distributed.init_process_group() first, or pass store= explicitly"
             )
-        import torch.distributed as dist  # lazy: only a multi-process client needs torch
+        import torch.distributed  # lazy: only a multi-process client needs torch
 
         address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         logger.debug("connecting to the torch.distributed store at %s (timeout %.0f s)", address, timeout)
         try:
-            store, _rank, _world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
+            store, _rank, _world = next(torch.distributed.rendezvous("env://", timeout=timedelta(seconds=timeout)))
         except Exception as exc:
             raise DistributedSetupError(
                 f"cannot reach the torch.distributed store at {address} within {timeout:g} s, or not every one "
@@ -340,8 +341,6 @@ class TorchStoreKV:
 
 
 def _resolve_plugin(plugin: DevicePlugin | str | None) -> DevicePlugin:
-    from . import _registry
-
     if plugin is None:
         return _registry.default_plugin()
     if isinstance(plugin, str):

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .._child_process import child_environment, describe_exit, output_tail, python_command
-from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
-from . import _checks_capi  # noqa: F401
+from .._client_setup import checked_create_options
+from . import _checks_buffers  # noqa: F401 - the checks these require are declared first
 from ._context import Context
 from ._framework import Fail, Skip, check
 from ._framework_probe import PROBE_MARK, TORCH_XLA_PYTHON_ENV
@@ -79,7 +79,7 @@ XLA_CLIENT_SLOTS: dict[str, tuple[str, ...]] = {
     "copy": ("PJRT_Buffer_CopyToMemory",),
 }
 #: What each probe step does, for messages.
-STEPS = {
+STEPS: dict[str | None, str | None] = {
     "load": "loading and initializing the library",
     "create": "creating the client (its constructor also lists devices, memories and the topology)",
     "devices": "listing the devices",
@@ -185,7 +185,8 @@ def run_probe(ctx: Context, framework: str, python: str) -> dict[str, Any]:
     events = _events(completed.stdout)
     for event in events:
         if "result" in event:
-            return event["result"]
+            result: dict[str, Any] = event["result"]
+            return result
     step = _last_step(completed.stdout)
     errors = [e["error"] for e in events if "error" in e]
     if errors and step is None:  # the framework itself did not import: nothing was asked of the plugin
@@ -199,13 +200,11 @@ def probe_options(ctx: Context) -> dict[str, Any]:
     """The create options the frameworks get: the plugin's hooks (checked) over --option values, or the options given."""
     if not ctx.has_python:
         return dict(ctx.target.options)
-    from ..runtime._plugin_client import checked_create_options
-
     options, _ = checked_create_options(ctx.plugin, ctx.target.options)
     return options
 
 
-def _crash_message(ctx: Context, label: str, step: str | None, completed: subprocess.CompletedProcess) -> str:
+def _crash_message(ctx: Context, label: str, step: str | None, completed: subprocess.CompletedProcess[str]) -> str:
     doing = STEPS.get(step, step) if step else "importing the framework"
     message = f"the {label} process {describe_exit(completed.returncode)} while {doing}"
     reached = list(XLA_CLIENT_SLOTS)[: list(XLA_CLIENT_SLOTS).index(_slot_step(step)) + 1]

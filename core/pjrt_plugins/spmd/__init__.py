@@ -11,13 +11,23 @@ The package is built in layers, each importing only those below it (docs/archite
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import InputShardingError, ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
+from ..errors import (
+    InputShardingError,
+    ManualShardingError,
+    ShardingConflictError,
+    ShardingError,
+    SpmdDisabledError,
+    VirtualDeviceError,
+)
 from . import devices as _devices
+from .collectives import disable_manual_sharding, enable_manual_sharding
 from .devices import (
     HybridMesh,
     Mesh,
@@ -57,11 +67,21 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
     from .execution import clear_compile_cache, set_cache_dir
     from .frontend._fallback import set_cpu_fallback
     from .trace import sync
+    from .dtensor import (
+        auto_policy,
+        convert_to_dtensor_placements,
+        convert_to_xla_mesh,
+        convert_to_xla_partition_spec,
+        init_device_mesh,
+        xla_distribute_module,
+        xla_distribute_tensor,
+    )
 
 __all__ = [
     "HybridMesh",
     "InputShardingError",
     "MarkShardingFunction",
+    "ManualShardingError",
     "Mesh",
     "Metrics",
     "OpSharding",
@@ -78,11 +98,18 @@ __all__ = [
     "XLAShardedTensor",
     "annotate_custom_sharding",
     "apply_backward_optimization_barrier",
+    "auto_policy",
     "clear_compile_cache",
     "clear_sharding",
+    "convert_to_dtensor_placements",
+    "convert_to_xla_mesh",
+    "convert_to_xla_partition_spec",
     "device",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
     "get_1d_mesh",
     "get_global_mesh",
+    "init_device_mesh",
     "is_spmd",
     "mark_sharding",
     "mark_sharding_with_gradients",
@@ -104,6 +131,8 @@ __all__ = [
     "virtual_device",
     "wrap_as_sharded_tensor",
     "wrap_if_sharded",
+    "xla_distribute_module",
+    "xla_distribute_tensor",
 ]
 
 
@@ -156,13 +185,29 @@ def virtual_device() -> VirtualDevice:
 _ENGINE_EXPORTS = frozenset({"sync", "set_cpu_fallback", "set_cache_dir", "clear_compile_cache"})
 
 
+#: Names the DTensor bridge serves (``pjrt_plugins.spmd.dtensor``, on first use: it imports torch.distributed.tensor,
+#: which costs seconds). Importing it also routes torch's own DTensor functions to it for ``pjrt`` meshes.
+_DTENSOR_EXPORTS = frozenset({
+    "auto_policy", "convert_to_dtensor_placements", "convert_to_xla_mesh", "convert_to_xla_partition_spec",
+    "init_device_mesh", "xla_distribute_module", "xla_distribute_tensor",
+})
+_DTENSOR_MODULE = f"{__name__}.dtensor"
+
+
 def __getattr__(name: str) -> Any:
-    if name not in _ENGINE_EXPORTS:
+    if name in _ENGINE_EXPORTS:
+        value = getattr(_engine(), name)
+    elif name in _DTENSOR_EXPORTS:
+        value = getattr(importlib.import_module(_DTENSOR_MODULE), name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_engine(), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _ENGINE_EXPORTS)
+    return sorted(set(globals()) | _ENGINE_EXPORTS | _DTENSOR_EXPORTS)
+
+
+if "torch.distributed.tensor" in sys.modules:  # already paid for: route torch's DTensor functions from the start
+    importlib.import_module(_DTENSOR_MODULE)

@@ -1,9 +1,11 @@
-"""PyTorch/XLA's ``torch_xla.core.xla_model`` (``xm``) for SPMD code: the device, steps, RNG, saving.
+"""PyTorch/XLA's ``torch_xla.core.xla_model`` (``xm``) for SPMD code: the device, steps, RNG, saving, collectives.
 
 Port: ``import torch_xla.core.xla_model as xm`` becomes ``import pjrt_plugins.spmd.xla_model as xm``
-(and ``'xla'`` becomes ``'pjrt'``). One process drives every device through ``pjrt:0``, so the
-replica-level collectives of multi-process data parallelism (``all_reduce``, ``reduce_gradients``, ...)
-have nothing to do here: the partitioner inserts the collectives a sharded program needs.
+(and ``'xla'`` becomes ``'pjrt'``). One process drives every device through ``pjrt:0``: the
+partitioner inserts the collectives a sharded program needs. The collectives here (``all_reduce``,
+``all_gather``, ``reduce_scatter``, ``all_to_all``, ``collective_permute``) are those of manual-sharding
+regions (``xs.enable_manual_sharding``), where each device runs on its own shard; the replica-level
+helpers of multi-process data parallelism (``reduce_gradients``, ...) have nothing to do here.
 """
 
 from __future__ import annotations
@@ -16,24 +18,50 @@ from typing import Any, TextIO
 import torch
 from torch.utils import _pytree as pytree
 
+from ..runtime import MemoryInfo
 from . import devices as _devices
 from . import runtime as _xr
+from .collectives import (
+    REDUCE_AND,
+    REDUCE_MAX,
+    REDUCE_MIN,
+    REDUCE_MUL,
+    REDUCE_OR,
+    REDUCE_SUM,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    collective_permute,
+    reduce_scatter,
+)
 from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine, optimization_barrier_
 from .frontend import send_cpu_data_to_device as _send
 from .frontend.tensor import XLAShardedTensor, materialize, to_cpu, unwrap
 
 __all__ = [
+    "REDUCE_AND",
+    "REDUCE_MAX",
+    "REDUCE_MIN",
+    "REDUCE_MUL",
+    "REDUCE_OR",
+    "REDUCE_SUM",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "collective_permute",
     "fork_rng",
     "get_local_ordinal",
+    "get_memory_info",
     "get_ordinal",
     "get_rng_state",
     "get_xla_supported_devices",
-    "optimization_barrier_",
     "is_master_ordinal",
     "is_xla_tensor",
     "mark_step",
     "master_print",
+    "optimization_barrier_",
     "optimizer_step",
+    "reduce_scatter",
     "rendezvous",
     "save",
     "send_cpu_data_to_device",
@@ -180,3 +208,27 @@ def fork_rng(device: str | None = None, enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         set_rng_state(state, device)
+
+
+def get_memory_info(device: int | str | torch.device | None = None) -> MemoryInfo:
+    """PyTorch/XLA's ``xm.get_memory_info``: ``{"bytes_used", "peak_bytes_used", "bytes_limit"}`` of one device.
+
+    ``pjrt:0`` stands for every device of the mesh, so ``device`` is a device ordinal (an int, as in a
+    :class:`Mesh`), or ``None`` / ``"pjrt:0"`` for ordinal 0. Raises
+    :class:`~pjrt_plugins.errors.UnsupportedFunctionError` where the plugin reports no memory statistics
+    (the CPU plugins here do not).
+
+    Example::
+
+        xm.get_memory_info(3)["bytes_used"]   # on a GPU plugin: bytes in use on device ordinal 3
+    """
+    vd = _devices.virtual_device()
+    if isinstance(device, bool) or not isinstance(device, (int, type(None))):
+        check_torch_device(device)
+        device = None
+    ordinal = 0 if device is None else int(device)
+    if not 0 <= ordinal < vd.num_devices:
+        raise ValueError(f"device ordinal {ordinal} is out of range: the virtual device has {vd.num_devices} "
+                         f"devices (0..{vd.num_devices - 1})")
+    return vd.devices[ordinal].get_memory_info()  # type: ignore[no-any-return]
+

@@ -126,7 +126,7 @@ class XLAShardedTensor(torch.Tensor):
 
     @property
     def sharding_type(self) -> ShardingType | None:
-        """REPLICATED, TILED, PARTIAL or MAXIMAL (a :class:`ShardingType`), or ``None`` if none is declared."""
+        """REPLICATED, TILED, PARTIAL, MAXIMAL or MANUAL (a :class:`ShardingType`), or ``None`` if none is declared."""
         spec = self._pjrt_data.annotation
         return spec.type if spec is not None else None
 
@@ -141,6 +141,44 @@ class XLAShardedTensor(torch.Tensor):
         """The partition spec given to :func:`mark_sharding` (or ``wrap_as_sharded_tensor``), or ``None``."""
         mark = self._pjrt_data.mark
         return mark[1] if mark else None
+
+    @property
+    def placements(self) -> tuple:
+        """DTensor's view of the declared sharding: per mesh dimension, ``Shard(dim)`` or ``Replicate()``.
+
+        Relative to the DeviceMesh the tensor was distributed on (``xla_distribute_tensor``, torch's
+        ``distribute_tensor``, ``redistribute``), else to the :class:`Mesh` given to :func:`mark_sharding`.
+        Raises :class:`~pjrt_plugins.errors.PlacementError` (a ``ValueError``) for a tensor no mesh was
+        given for. Loads ``torch.distributed.tensor`` on first use.
+
+        Example (8 devices)::
+
+            t = xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), xs.Mesh(range(8), (2, 4)), (None, 0))
+            t.placements      # (Shard(dim=1), Replicate())
+        """
+        return _seam.placements().placements_of(self)  # type: ignore[no-any-return]
+
+    def redistribute(self, device_mesh: Any = None, placements: Sequence[Any] | None = None, *,
+                     async_op: bool = False) -> XLAShardedTensor:
+        """A new tensor with the same values laid out by ``placements`` on ``device_mesh`` (this one keeps its layout).
+
+        ``device_mesh`` is a ``pjrt`` DeviceMesh or an :class:`Mesh` (default: the one this tensor was
+        distributed or marked on); ``placements`` has one ``Shard(dim)`` or ``Replicate()`` per mesh
+        dimension (``Partial`` raises :class:`~pjrt_plugins.errors.UnsupportedPlacementError`, a
+        ``NotImplementedError``). Differentiable: the gradient is laid out like this tensor.
+
+        ``async_op=False`` returns the result computed in its new layout (it runs the pending graph up to
+        it, as DTensor's blocking collective would); ``async_op=True`` records the move in the pending
+        graph, to run with the next program (what torch's parallel styles ask for inside a step).
+
+        Example (8 devices)::
+
+            mesh = xs.Mesh(range(8), (8,))
+            t = xs.mark_sharding(torch.randn(8, 16).to("pjrt"), mesh, (0, None))
+            u = t.redistribute(mesh, [Shard(1)])     # from torch.distributed.tensor import Shard
+            u.partition_spec, t.partition_spec     # ((None, 0), (0, None))
+        """
+        return _seam.placements().redistribute(self, device_mesh, placements, async_op)  # type: ignore[no-any-return]
 
     @property
     def global_tensor(self) -> torch.Tensor:
@@ -166,8 +204,9 @@ class XLAShardedTensor(torch.Tensor):
 
         ``shards`` are :class:`XLAShard` s (only ``data`` and ``shard_device`` are read),
         one for each device, each of the padded shard shape, as ``local_shards`` returns
-        them. The tensor must carry a tiled sharding (``mark_sharding`` it first); a
-        replicated one is loaded with ``copy_``, as in PyTorch/XLA. Each device
+        them. The tensor must carry a tiled sharding (``mark_sharding`` it first) or be a
+        value of a manual-sharding region (``{manual}``: each device gets a value of the
+        tensor's whole shape); a replicated one is loaded with ``copy_``, as in PyTorch/XLA. Each device
         receives only its shard. Raises :class:`~pjrt_plugins.errors.ShardingError`
         (a ``ValueError``) naming what does not fit.
 
@@ -181,9 +220,9 @@ class XLAShardedTensor(torch.Tensor):
         """
         data = unwrap(self)
         spec = data.annotation
-        if spec is None or spec.type not in (ShardingType.TILED, ShardingType.PARTIAL):
+        if spec is None or spec.type not in (ShardingType.TILED, ShardingType.PARTIAL, ShardingType.MANUAL):
             raise ShardingError(
-                "load_local_shards_ needs a tensor with a tiled sharding (mark_sharding it first); it has "
+                "load_local_shards_ needs a tensor with a tiled or manual sharding (mark_sharding it first); it has "
                 + ("none" if spec is None else f"{spec}: load a replicated tensor with copy_")
             )
         if data.view_of is not None:
@@ -215,8 +254,13 @@ class XLAShardedTensor(torch.Tensor):
         data = self._pjrt_data
         if data is None:
             return f"XLAShardedTensor(<traced by torch.compile>, size={tuple(self.shape)}, dtype={self.dtype})"
-        text = repr(to_cpu(self))
-        inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
+        materialize([data])
+        if data.state is TensorState.DEVICE and data.sharding is not None and data.sharding.is_manual:
+            # A value of a manual-sharding region: one per device, no global value to show.
+            inner = f"<one value per device: see local_shards>, size={tuple(self.shape)}, dtype={self.dtype}"
+        else:
+            text = repr(to_cpu(self))
+            inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
         extras = [f"device='{TORCH_DEVICE}'"]
         if data.annotation is not None:
             extras.append(f"sharding='{data.annotation}'")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._hlo_sharding import OpSharding, Shard, ShardIndices, ShardingType, parse_sharding, parse_tuple_sharding
 from ._mesh import Mesh, hybrid_device_ids
+from ._mesh_axis_dims import axis_dims_from_spec, spec_from_axis_dims
 from ._partition_spec import PartitionSpec, normalize_partition_spec
 
 __all__ = [
@@ -17,8 +18,10 @@ __all__ = [
     "Shard",
     "ShardIndices",
     "ShardingType",
+    "axis_dims_from_spec",
     "hybrid_device_ids",
     "normalize_partition_spec",
     "parse_sharding",
     "parse_tuple_sharding",
+    "spec_from_axis_dims",
 ]
