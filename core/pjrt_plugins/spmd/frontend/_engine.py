@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from ..execution import clear_compile_cache, set_cache_dir
 from ..trace import (
+    add_step_closure,
     in_manual_region,
     last_run_timings,
+    lower_pending,
     materialize,
     on_mark_sharding,
     pending_ops,
     register_tensor_type,
     sync,
+    wait_async_closures,
 )
 from ._dispatch import dispatch, record_into, refresh_views
 from ._fallback import cpu_fallback_enabled, set_cpu_fallback
@@ -23,12 +26,14 @@ from ._fused_optim import fused_step
 from .tensor import XLAShardedTensor
 
 __all__ = [
+    "add_step_closure",
     "clear_compile_cache",
     "cpu_fallback_enabled",
     "dispatch",
     "fused_step",
     "in_manual_region",
     "last_run_timings",
+    "lower_pending",
     "materialize",
     "on_mark_sharding",
     "pending_ops",
@@ -37,6 +42,7 @@ __all__ = [
     "set_cache_dir",
     "set_cpu_fallback",
     "sync",
+    "wait_async_closures",
 ]
 
 register_tensor_type(XLAShardedTensor)
