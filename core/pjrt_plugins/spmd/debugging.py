@@ -1,4 +1,4 @@
-"""Drawing shardings: which device holds which tile of a tensor (PyTorch/XLA's ``torch_xla.distributed.spmd.debugging``).
+"""Drawing shardings: which device holds which tile of a tensor (``torch_xla.distributed.spmd.debugging``).
 
 Why: a sharding string such as ``{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}`` is hard to
 read; a grid of the tensor's first two dimensions with the devices of each tile is not. The table
@@ -177,7 +177,8 @@ def visualize_sharding(sharding: str | OpSharding, use_color: bool = True, scale
     elif isinstance(sharding, str):
         spec = OpSharding.replicated() if sharding.strip() == "" else parse_sharding(sharding)
     else:
-        raise TypeError(f"visualize_sharding takes an HLO sharding string or an OpSharding, got {type(sharding).__name__}")
+        raise TypeError(f"visualize_sharding takes an HLO sharding string or an OpSharding, "
+                        f"got {type(sharding).__name__}")
     if max_width < 3 or min_width < 1 or scale <= 0:
         raise ValueError(f"visualize_sharding needs max_width >= 3, min_width >= 1 and scale > 0, got {max_width}, "
                          f"{min_width} and {scale}")

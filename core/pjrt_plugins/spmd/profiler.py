@@ -167,8 +167,9 @@ def start_trace(log_dir: str | os.PathLike[str], plugin: Any = None) -> None:
             session.device_trace = stack.enter_context(_plugin_profiler.trace(log_dir, library))
             session.device = stack
         else:
-            warnings.warn(f"the plugin ({Path(library.path).name}) has no PJRT profiler extension: this plugin does not "
-                          "provide device traces, and the trace holds the host spans only", UserWarning, stacklevel=2)
+            warnings.warn(f"the plugin ({Path(library.path).name}) has no PJRT profiler extension: this plugin does "
+                          "not provide device traces, and the trace holds the host spans only", UserWarning,
+                          stacklevel=2)
         _session = session
 
 
