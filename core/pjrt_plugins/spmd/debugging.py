@@ -28,7 +28,9 @@ try:  # optional: the coloured table; without it the plain-text one prints
     from rich import padding as _padding
     from rich import style as _style
     from rich import table as _table
-    from rich.console import Console as _Console
+    from rich.console import Console as _RichConsole
+
+    _Console: Any = _RichConsole
 except ImportError:
     _Console = None
 

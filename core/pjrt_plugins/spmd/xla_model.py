@@ -196,8 +196,8 @@ def get_stablehlo(tensors: Sequence[torch.Tensor] | None = None) -> str:
 
     With ``tensors`` ``None`` or empty, the graph of every live pending tensor (what the next
     ``sync`` runs). The module carries the shardings: ``mhlo.sharding`` on each argument and the
-    ``@Sharding`` custom calls of ``mark_sharding`` on pending values. A tensor that holds data
-    already is an argument the module returns.
+    ``@Sharding`` custom calls of ``mark_sharding`` on pending values. Given only tensors that hold
+    data already, the module returns its arguments (those tensors, with their shardings).
 
     Example::
 

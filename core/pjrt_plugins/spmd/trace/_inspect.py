@@ -31,12 +31,13 @@ def lower_pending(datas: Sequence[TensorData] | None = None) -> LoweredModule:
     options = lowering_options(virtual_device())
     with ENGINE.lock:
         trace = ENGINE.trace
-        pending = trace is not None and trace.ops > 0 and not trace.done
-        holders = live_outputs(trace) if pending else {}
+        if trace is not None and (trace.ops == 0 or trace.done):
+            trace = None
+        holders = live_outputs(trace) if trace is not None else {}
         if datas:
             wanted: dict[int, list[TensorData]] = {}
             for data in datas:
-                if data.state is TensorState.LAZY and pending and data.lazy.trace is trace:
+                if data.state is TensorState.LAZY and trace is not None and data.lazy.trace is trace:
                     wanted.setdefault(data.lazy.index, []).append(data)
                 elif data.state is TensorState.LAZY:
                     raise ValueError("get_stablehlo: a tensor belongs to a pending graph that already ran or "
@@ -44,9 +45,8 @@ def lower_pending(datas: Sequence[TensorData] | None = None) -> LoweredModule:
             if not wanted:
                 return lower_graph(_identity_graph(datas), options)
             holders = wanted
-        if not holders:
+        if trace is None or not holders:
             return lower_graph(_identity_graph(()), options)
-        assert trace is not None
         outputs = sorted(holders)
         graph = build_graph(trace, outputs, output_pins(trace, holders, outputs))
     graph.eliminate_dead_code()
