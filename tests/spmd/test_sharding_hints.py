@@ -159,3 +159,23 @@ def test_apply_backward_optimization_barrier_leaves_the_gradients_unchanged(engi
     for p, e in zip(device_model.parameters(), expected):
         torch.testing.assert_close(p.grad.cpu(), e, rtol=1e-5, atol=1e-5)
     assert "optimization_barrier" in PROGRAMS.last.lowered.text
+
+
+def test_the_other_hints_inside_a_compiled_function_break_no_graph(engine):
+    def f(a, b):
+        a2, b2 = xs.shard_as(a * 2, b + 1)
+        xs.annotate_custom_sharding(a2, MESH, (None, "model"))
+        h = a2 + b2
+        xm.optimization_barrier_([h])
+        return h.sum(0)
+
+    a0, b0 = torch.randn(8, 8), torch.randn(8, 8)
+    b = xs.mark_sharding(b0.to("pjrt"), MESH, ("data", None))
+    explained = torch._dynamo.explain(f)(a0.to("pjrt"), b)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="pjrt", fullgraph=True)
+    out = compiled(a0.to("pjrt"), b)
+    torch.testing.assert_close(out.cpu(), (a0 * 2 + b0 + 1).sum(0))
+    text = PROGRAMS.last.lowered.text
+    assert "shard_as" in text and "optimization_barrier" in text and COLS in text, text
