@@ -23,6 +23,7 @@ EXIT_USAGE = 2
 EXTENSION_COMMANDS: tuple[tuple[str, str], ...] = (
     ("conform", "pjrt_plugins.conform.cli"),
     ("new-plugin", "pjrt_plugins.conform.new_plugin"),
+    ("cache", "pjrt_plugins._cache_command"),
 )
 
 
