@@ -31,6 +31,41 @@ class UsageError(Exception):
     """Bad command-line input found after parsing (exit status 2)."""
 
 
+class OutputError(Exception):
+    """Writing the command's output failed (a full disk, an I/O error): said on stderr, exit status 1."""
+
+
+class _GuardedOutput:
+    """A text stream whose write and flush failures become :class:`OutputError`.
+
+    So no handler can mistake them for its own failure (and try to report them on the
+    same output), and argparse, which ignores an OSError while printing help, cannot
+    lose them. A closed pipe stays a BrokenPipeError: the reader has what it wanted.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def seconds(text: str) -> float:
     """argparse type of a time limit: a finite number of seconds above zero (``inf``, ``nan``, ``0`` refused)."""
     try:
@@ -270,7 +305,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     reports = []
     for record in wanted:
         if not args.json:
-            print(f"checking {record.name} ...", file=sys.stderr, flush=True)
+            _say(f"checking {record.name} ...")  # progress: a stderr that cannot be written must not stop the checks
         reports.append(diagnose(record, timeout=args.timeout, explicit=bool(args.names)))
     problems = [r for r in reports if r.status == "broken" or (args.names and r.status == "unavailable")]
     fastpath = _fastpath_state()
@@ -383,15 +418,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status.
 
     A reader that stops early (``pjrt-plugins list | head -1``) ends the command quietly
-    with status 0, as it got what it asked for.
+    with status 0, as it got what it asked for. Output that cannot be written (a full
+    disk: ``> /dev/full``, or no standard output at all: ``>&-``) is said on stderr,
+    with status 1.
     """
+    if sys.stdout is None:  # started with descriptor 1 closed: no command can say anything
+        _say("pjrt-plugins: standard output is closed, so nothing could be shown; run it with an output "
+             "(a terminal, a file or a pipe)")
+        return EXIT_FAILURE
+    stdout = sys.stdout
+    sys.stdout = _GuardedOutput(stdout)
     try:
         status = _main(argv)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_OK
+    except OutputError as exc:
+        _discard_stdout()
+        _say(f"pjrt-plugins: cannot write the output: {exc}")
+        return EXIT_FAILURE
+    finally:
+        sys.stdout = stdout
     return status
+
+
+def _say(message: str) -> None:
+    """A line on stderr, if there is one to write to."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (AttributeError, OSError):
+        pass
 
 
 def _discard_stdout() -> None:
@@ -401,7 +458,10 @@ def _discard_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, _json_out):
         if stream is not None:
-            os.dup2(devnull, stream.fileno())
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):  # a stream without a descriptor (a test's capture): nothing to point
+                pass
     os.close(devnull)
 
 
@@ -414,7 +474,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "json", False) and _json_out is None:
-        _json_out = private_stdout()  # a plugin printing at import lands on stderr, never in the JSON
+        _json_out = _GuardedOutput(private_stdout())  # a plugin printing at import lands on stderr, never in the JSON
     discover_for_tools()  # honours PJRT_PLUGINS_AUTOLOAD=0: then only environment-named libraries
     try:
         return int(args.handler(args))
@@ -433,7 +493,7 @@ def _fail(args: argparse.Namespace, exc: BaseException) -> int:
     if getattr(args, "json", False):
         print_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
     else:
-        print(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}")
     return EXIT_FAILURE
 
 
