@@ -1,8 +1,9 @@
 """The `pjrt-plugins` command (also `python -m pjrt_plugins`): list, devices, doctor, and room for more.
 
 Exit status: 0 success; 1 the command ran and found a failure (plugin missing,
-broken or unavailable, client creation failed, doctor found a problem);
-2 usage error. Every command takes ``--json`` for machine-readable output.
+broken or unavailable, client creation failed, doctor found a problem), or its
+output could not be written; 2 usage error. Every command takes ``--json`` for
+machine-readable output.
 """
 
 from __future__ import annotations
@@ -381,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pjrt-plugins",
         description="Inspect the PJRT device plugins installed in this Python environment.",
-        epilog="Exit status: 0 success, 1 a plugin or check failed, 2 usage error.",
+        epilog="Exit status: 0 success, 1 a plugin or check failed (or the output could not be written), 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"pjrt-plugins {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
