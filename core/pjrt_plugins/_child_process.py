@@ -189,6 +189,12 @@ class EventChild:
         self._token = secrets.token_hex(16)
         self._stderr = tempfile.TemporaryFile(mode="w+b")
         read_fd, write_fd = os.pipe()
+        if write_fd <= 2:  # this process runs without a stdin/stdout/stderr: keep clear of the child's 0-2
+            import fcntl
+
+            moved = fcntl.fcntl(write_fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(write_fd)
+            write_fd = moved
         try:
             env = dict(environ) if environ is not None else child_environment()
             env[CHANNEL_FD_VAR] = str(write_fd)
