@@ -64,6 +64,8 @@ STORE_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 REPORT_TIMEOUT_S = 10.0
 #: While a ``get`` waits, it looks this often for a problem another process of the job posted.
 JOB_POLL_S = 1.0
+#: Seconds torch may take past a bound to report its own timeout before a wait on it is abandoned.
+_GRACE_S = 0.5
 
 _env_store: Any = None  # kept for the life of the process: on rank 0 it may host the server
 _env_store_lock = threading.Lock()
@@ -235,9 +237,6 @@ def _env_rendezvous(dist: Any, host: str, port: str, timeout: float) -> Any:
     left = _left(deadline)
     return _within(left + _GRACE_S, lambda: next(dist.rendezvous("env://", timeout=timedelta(seconds=left)))[0])
 
-
-#: Seconds torch may take past a bound to report its own timeout before a wait is abandoned.
-_GRACE_S = 0.5
 
 
 def _await_listener(host: str, port: str, deadline: float) -> None:
@@ -578,11 +577,14 @@ def _check_job(store: Any, prefix: str, address: str) -> None:
 def _tell_the_job(problem: DistributedSetupError, timeout: float) -> None:
     """Best effort: post why this process cannot take part, so the job's other processes stop too.
 
-    Only for a job started without torchrun's process group (``RANK`` / ``WORLD_SIZE`` by hand):
-    the others would otherwise run on without this process. Bounded by :data:`REPORT_TIMEOUT_S`.
+    Only for a job of several processes started without a process group (``RANK`` /
+    ``WORLD_SIZE`` by hand or by torchrun), by a process that does not host the store itself:
+    the others would otherwise run on without it. Bounded by :data:`REPORT_TIMEOUT_S`.
     """
     if _initialized_torch_distributed() is not None or any(not os.environ.get(n, "").strip() for n in STORE_ENV_VARS):
         return
+    if _hosts_store() or os.environ["WORLD_SIZE"].strip() in ("0", "1"):
+        return  # no other process to tell, or its store would be this process's own
     try:
         import torch.distributed as dist
 
