@@ -75,9 +75,10 @@ def set_cache_max_size(size: int | str | None) -> None:
     fits; an executable larger than the bound is not stored, and an entry larger than it
     is not read. ``pjrt-plugins cache size`` shows what the directory holds.
 
-    Example::
+    Example (``PJRT_PLUGINS_CACHE_MAX_SIZE=2G`` in the environment does the same)::
 
-        xs.set_cache_max_size("2G")
+        from pjrt_plugins.spmd.execution import disk_cache
+        disk_cache.set_cache_max_size("2G")
     """
     global _max_size
     _max_size = None if size is None else _cache_files.parse_size(size)
