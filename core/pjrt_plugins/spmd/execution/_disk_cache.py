@@ -21,8 +21,22 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ... import _cache_files
-from ..._cache_files import CACHE_DIR_ENV, MAX_SIZE_ENV, EntryFileError
+from ..._cache_files import (
+    CACHE_DIR_ENV,
+    MAGIC,
+    MAX_SIZE_ENV,
+    SUFFIX,
+    TMP_PREFIX,
+    EntryFileError,
+    evict,
+    format_size,
+    join_entry,
+    max_size_from_environment,
+    parse_size,
+    read_entry,
+    split_entry,
+    touch,
+)
 from ...errors import CompileCacheWarning
 from ...runtime import CompileOptions
 
@@ -30,8 +44,8 @@ logger = logging.getLogger(__name__)
 
 #: Bumped whenever the entry layout or the key changes: older entries are then never read.
 ENTRY_FORMAT = 1
-_MAGIC = _cache_files.MAGIC
-_SUFFIX = _cache_files.SUFFIX
+_MAGIC = MAGIC
+_SUFFIX = SUFFIX
 
 _cache_dir: Path | None = None
 _cache_dir_set = False
@@ -81,12 +95,12 @@ def set_cache_max_size(size: int | str | None) -> None:
         disk_cache.set_cache_max_size("2G")
     """
     global _max_size
-    _max_size = None if size is None else _cache_files.parse_size(size)
+    _max_size = None if size is None else parse_size(size)
 
 
 def cache_max_size() -> int:
     """The bound in bytes: :func:`set_cache_max_size`'s, else ``$PJRT_PLUGINS_CACHE_MAX_SIZE``'s, else 10 GiB."""
-    return _max_size if _max_size is not None else _cache_files.max_size_from_environment()
+    return _max_size if _max_size is not None else max_size_from_environment()
 
 
 def cache_key(program: bytes, compile_options: bytes, client: Any, plugin: tuple) -> dict[str, Any]:
@@ -206,7 +220,7 @@ def load(directory: Path, key: dict[str, Any]) -> tuple[bytes, dict[str, Any]] |
         return None
     path = directory / _entry_name(key)
     try:
-        data = _cache_files.read_entry(path, cache_max_size())
+        data = read_entry(path, cache_max_size())
     except FileNotFoundError:
         return None
     except (EntryFileError, OSError) as exc:
@@ -229,7 +243,7 @@ def load(directory: Path, key: dict[str, Any]) -> tuple[bytes, dict[str, Any]] |
     if header.get("executable_sha256") != hashlib.sha256(blob).hexdigest():
         logger.warning("ignoring compile cache entry %s: its executable bytes are damaged; compiling instead", path)
         return None
-    _cache_files.touch(path)
+    touch(path)
     metadata = header.get("metadata", {})
     return blob, metadata if isinstance(metadata, dict) else {}
 
@@ -244,17 +258,17 @@ def store(directory: Path, key: dict[str, Any], executable: bytes, metadata: dic
         "executable_sha256": hashlib.sha256(executable).hexdigest(),
         "metadata": metadata,
     }
-    entry = _cache_files.join_entry(_canonical(header), executable)
+    entry = join_entry(_canonical(header), executable)
     limit = cache_max_size()
     if len(entry) > limit:
         logger.warning(
             "not persisting a compiled program of %s: it is larger than the compile cache's bound of %s (%s)",
-            _cache_files.format_size(len(entry)), _cache_files.format_size(limit), MAX_SIZE_ENV,
+            format_size(len(entry)), format_size(limit), MAX_SIZE_ENV,
         )
         return
     target = directory / _entry_name(key)
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=_cache_files.TMP_PREFIX)  # created 0600
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX)  # created 0600
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(entry)
@@ -265,8 +279,8 @@ def store(directory: Path, key: dict[str, Any], executable: bytes, metadata: dic
     except OSError as exc:  # a full disk, or a directory at the entry's name
         logger.warning("could not write a compile cache entry in %s: %s", directory, exc)
         return
-    _cache_files.evict(directory, limit, keep=target)
+    evict(directory, limit, keep=target)
 
 
 def _parse(data: bytes) -> tuple[dict[str, Any], bytes]:
-    return _cache_files.split_entry(data)
+    return split_entry(data)
