@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _cache_files
+from ._cli_common import EXIT_OK, UsageError, print_json, table
 from ._cache_files import CACHE_DIR_ENV, MAX_SIZE_ENV, format_size
 
 HELP = "show or empty the persistent compile cache (PJRT_PLUGINS_CACHE_DIR): size, list, clear"
@@ -30,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import EXIT_OK, UsageError, print_json
-
     raw = args.dir or os.environ.get(CACHE_DIR_ENV, "")
     if not raw.strip():
         raise UsageError(f"no compile cache directory: set {CACHE_DIR_ENV} or pass --dir DIR")
@@ -64,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**summary, "list": described})
         return EXIT_OK
-    from .cli import _table
-
-    print(_table(
+    print(table(
         ["ENTRY", "SIZE", "LAST USED", "PLUGIN", "PLATFORM"],
         [[d["name"][:16], format_size(d["bytes"]), d["last_used"], d["plugin"], d["platform"]] for d in described],
     ))
@@ -77,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
 def _describe(entry: _cache_files.EntryFile) -> dict[str, Any]:
     """One entry for ``list``: its file and what its header says it holds (``None`` where unreadable)."""
     header = _cache_files.read_header(entry.path) or {}
-    key = header.get("key") if isinstance(header.get("key"), dict) else {}
-    plugin = key.get("plugin") if isinstance(key.get("plugin"), list) else []
-    platform = key.get("platform") if isinstance(key.get("platform"), list) else []
+    key: dict[str, Any] = header["key"] if isinstance(header.get("key"), dict) else {}
+    plugin: list[Any] = key["plugin"] if isinstance(key.get("plugin"), list) else []
+    platform: list[Any] = key["platform"] if isinstance(key.get("platform"), list) else []
     return {
         "name": entry.path.name,
         "bytes": entry.size,

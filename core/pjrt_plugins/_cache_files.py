@@ -66,11 +66,10 @@ def parse_size(value: int | str) -> int:
         match = _SIZE.match(value)
         if match is None:
             raise ValueError(f"{value!r} is not a size: write bytes, or a number with k, M, G, T (or KiB, MiB, GiB, TiB)")
-        number = float(match.group("number"))
-        size = number * _UNITS[(match.group("unit") or "").lower()]
-        if not math.isfinite(size) or size >= 1 << 63:
+        scaled = float(match.group("number")) * _UNITS[(match.group("unit") or "").lower()]
+        if not math.isfinite(scaled) or scaled >= 1 << 63:
             raise ValueError(f"{value!r} is too large a size")
-        size = int(size)
+        size = int(scaled)
     if size <= 0:
         raise ValueError(f"a cache size must be above zero, not {value!r}; to keep executables in memory only, set no cache directory")
     return size

@@ -183,7 +183,7 @@ def _jax_candidates(jax_eps: list[EntryPoint], backends: list[_Candidate]) -> tu
         return [], {}
     backend_dists = {c.distribution: c for c in backends if c.distribution}
     requirers: dict[str, _Candidate] = {}  # JAX package distribution -> the backend that requires it
-    for distribution, backend in sorted(backend_dists.items(), key=lambda item: item[1].name):
+    for _, backend in sorted(backend_dists.items(), key=lambda item: item[1].name):
         if backend.dist is not None:
             for required in _jax_plugins.required_distributions(backend.dist):
                 requirers.setdefault(required, backend)
@@ -249,7 +249,7 @@ class _SysPathOrder:
                 except OSError:
                     continue
         try:
-            location = Path(dist.locate_file("")).resolve()  # type: ignore[union-attr]
+            location = Path(dist.locate_file("")).resolve()  # type: ignore[union-attr, arg-type]
         except Exception:
             return len(sys.path)
         return self._index.get(location, len(sys.path))
@@ -266,7 +266,7 @@ def _rank(candidates: list[_Candidate], preferred: str | None, path_order: _SysP
     6. the alphabetically first distribution name, then entry-point value.
     """
 
-    def key(c: _Candidate) -> tuple:
+    def key(c: _Candidate) -> tuple[Any, ...]:
         return (
             c.library is None,
             not (preferred is not None and c.distribution == preferred),
@@ -357,7 +357,7 @@ def _record_for(candidate: _Candidate) -> PluginRecord:
     Only an environment-named library (no code of its own) is built now; an entry point
     whose value cannot name anything fails now, with a warning.
     """
-    common = dict(distribution=candidate.distribution, dist=candidate.dist, entry_name=_entry_name(candidate))
+    common: dict[str, Any] = dict(distribution=candidate.distribution, dist=candidate.dist, entry_name=_entry_name(candidate))
     if candidate.library is not None:
         try:
             plugin: DevicePlugin = make_library_plugin(candidate.library)

@@ -11,7 +11,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pjrt_plugins
+
 from ._child_process import EventChannel, EventChild, describe_exit, open_channel, output_tail
+from ._discovery import discover_for_tools
+from .errors import UnsupportedFunctionError
 from ._registry import PluginRecord, plugin_record
 
 _MARK = "@@pjrt-plugins-doctor@@ "
@@ -174,10 +178,6 @@ def _run_stage(stage: str, action: Any, fix: str) -> Any:
 
 def probe(name: str) -> None:
     """Run the checks for ``name`` in this (child) process, reporting each on its event channel."""
-    import pjrt_plugins
-
-    from ._discovery import discover_for_tools
-
     discover_for_tools()
     _emit(start="loaded")
     try:
@@ -204,7 +204,7 @@ def probe(name: str) -> None:
         return
 
     def api_version() -> tuple[bool, str, Any]:
-        from .runtime import load_library
+        from .runtime import load_library  # the lazy seam: only the doctor's child loads the runtime
 
         major, minor = load_library(path).api_version
         return True, f"{major}.{minor}", (major, minor)
@@ -242,8 +242,6 @@ def probe(name: str) -> None:
 
 def _memory_check(client: Any) -> dict[str, Any]:
     """The ``memory`` check: the first addressable device's memory statistics (skipped where the plugin has none)."""
-    from .errors import UnsupportedFunctionError
-
     devices = client.addressable_devices
     if not devices:
         return {"check": "memory", "ok": None, "detail": "skipped: no addressable device", "fix": ""}

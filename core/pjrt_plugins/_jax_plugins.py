@@ -11,13 +11,17 @@ family off.
 from __future__ import annotations
 
 import os
+import re
 import sys
+import warnings
 from importlib.metadata import Distribution, EntryPoint
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from ._marker import hookimpl
 from ._plugin import DevicePlugin
+from ._torch_xla import distribution_name, normalize_distribution_name
+from .errors import PluginUnavailableError, PluginWarning
 
 #: JAX's entry-point group, and its namespace package.
 JAX_GROUP = "jax_plugins"
@@ -90,18 +94,12 @@ def _origin(ep: EntryPoint) -> str:
 
 def _claimed(module: str, eps: list[EntryPoint]) -> JaxPackage:
     """The package ``module`` as the entry points ``eps`` claim it (see :func:`jax_packages`)."""
-    from ._torch_xla import distribution_name
-
     by_distribution: dict[str, EntryPoint] = {}
     for ep in eps:
         by_distribution.setdefault(distribution_name(getattr(ep, "dist", None)) or ep.value, ep)
     first = eps[0]
     if len(by_distribution) == 1:
         return JaxPackage(module, getattr(first, "dist", None), _origin(first))
-    import warnings
-
-    from .errors import PluginWarning
-
     names = sorted(by_distribution)
     owners = [name for name in names if _installs(getattr(by_distribution[name], "dist", None), module)]
     claimants = " and ".join(names)
@@ -211,8 +209,6 @@ class JaxPackagePlugin(DevicePlugin):
         """The library, or PluginUnavailableError saying why this package has none (not just "not found")."""
         why = self._find_library()[1]
         if why is not None and self.hook.pjrt_library_path() is None:  # a site override may still name one
-            from .errors import PluginUnavailableError
-
             raise PluginUnavailableError(f"plugin {self._label}: {why}")
         return super().library_path()
 
@@ -221,10 +217,11 @@ class JaxPackagePlugin(DevicePlugin):
         return -10
 
     @hookimpl
+    def pjrt_library_missing_hint(self) -> str | None:
+        return self._find_library()[1]  # why the package has none (the core says that it has none)
+
+    @hookimpl
     def pjrt_unavailable_reason(self) -> str | None:
-        path, why = self._find_library()
-        if path is None:
-            return why
         return _missing_hardware(plugin_name(self.package.module))
 
     def __repr__(self) -> str:
@@ -243,8 +240,6 @@ def _library_of(package: JaxPackage) -> tuple[str | None, str | None]:
         return None, package.conflict
     folder = package.module.replace(".", "/") + "/"
     if package.dist is not None:
-        from ._torch_xla import distribution_name
-
         distribution = distribution_name(package.dist) or "its distribution"
         try:
             files = _record(package.dist)
@@ -301,10 +296,6 @@ def _within(path: Path, folder: Path) -> bool:
 
 
 def _warn(message: str) -> None:
-    import warnings
-
-    from .errors import PluginWarning
-
     warnings.warn(f"pjrt_plugins: {message}", PluginWarning, stacklevel=4)
 
 
@@ -340,10 +331,6 @@ def _missing_hardware(name: str) -> str | None:
 
 def required_distributions(dist: Distribution) -> set[str]:
     """The normalized names ``dist`` requires (Requires-Dist, extras included), read cheaply from METADATA."""
-    import re
-
-    from ._torch_xla import normalize_distribution_name
-
     try:
         text = dist.read_text("METADATA") or ""
     except Exception:  # noqa: BLE001 - unreadable metadata: it requires nothing we can see

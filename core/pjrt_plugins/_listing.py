@@ -15,9 +15,14 @@ import os
 import sys
 from typing import Any
 
+import pjrt_plugins
+
+from . import _registry
 from ._child_process import EventChild, describe_exit, emit, open_channel, output_tail
-from ._registry import PluginRecord
+from ._discovery import discover_for_tools
+from ._registry import PJRT_DEVICE_VAR, PluginRecord, plugin_record
 from ._torch_xla import torch_xla_name_note
+from .errors import PluginLoadError
 
 _MARK = "@@pjrt-plugins-list@@ "
 #: Seconds a plugin may take to import and answer its cheap hooks (``list --timeout``).
@@ -46,8 +51,6 @@ def _row(record: PluginRecord, status: str, reason: str | None, **facts: Any) ->
 
 def describe(record: PluginRecord) -> dict[str, Any]:
     """One row of `list` for ``record``, importing its plugin if needed (runs plugin code: child side)."""
-    import pjrt_plugins
-
     if record.on_request_only:
         return _row(record, "deferred", record.deferred_reason)
     try:
@@ -76,8 +79,6 @@ def shadowed_rows(record: PluginRecord) -> list[dict[str, Any]]:
 
 def plugin_rows(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict[str, Any]], str | None, dict[str, str] | None]:
     """Every row of `list`, the default plugin's name, and why there is none (``{"type", "message"}``) if so."""
-    import pjrt_plugins
-
     records = pjrt_plugins.plugin_records()  # metadata only: nothing is imported here
     by_name = {record.name: record for record in records}
     described: dict[str, dict[str, Any]] = {}
@@ -164,9 +165,6 @@ def _checked_default(name: Any, error: Any, by_name: dict[str, PluginRecord]) ->
 
 def _default() -> tuple[str | None, dict[str, str] | None]:
     """The name default_plugin() picks here, or why none can be picked."""
-    import pjrt_plugins
-    from ._registry import PJRT_DEVICE_VAR, plugin_record
-
     requested = os.environ.get(PJRT_DEVICE_VAR, "").strip()
     try:
         if requested:  # named: shown as the default without loading it (it may be PyTorch/XLA's)
@@ -180,18 +178,15 @@ def _default() -> tuple[str | None, dict[str, str] | None]:
 
 
 def main(plan: dict[str, Any]) -> None:
-    channel = open_channel()  # before any plugin code runs: what plugins print never reaches it
-    import pjrt_plugins
-    from . import _registry
-    from ._discovery import discover_for_tools
-    from .errors import PluginLoadError
-
+    # Before any plugin code runs (`import pjrt_plugins` above reads metadata only, no plugin
+    # module): what plugins print never reaches the channel.
+    channel = open_channel()
     discover_for_tools()
     for name, reason in plan.get("broken", {}).items():
         _registry.mark_failed(name, PluginLoadError(f"plugin {name!r}: {reason}"))
     for name in plan.get("names", []):
         emit(channel, _MARK, start=name)
-        emit(channel, _MARK, row=describe(pjrt_plugins._registry.plugin_record(name)))
+        emit(channel, _MARK, row=describe(plugin_record(name)))
     default, error = _default()
     emit(channel, _MARK, default=default, error=error)
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._defaults import env_int
+from . import _registry
+from ._env import env_int
 from .errors import DistributedSetupError, PjrtError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -196,13 +197,13 @@ def default_store(timeout: float | None = None) -> Any:
                 "not set. Launch with torchrun (it sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE), call "
                 "torch.distributed.init_process_group() first, or pass store= explicitly"
             )
-        import torch.distributed as dist  # lazy: only a multi-process client needs torch
+        import torch.distributed  # lazy: only a multi-process client needs torch
 
         host, port = os.environ["MASTER_ADDR"].strip(), os.environ["MASTER_PORT"].strip()
         address = f"{host}:{port}"
         logger.debug("connecting to the torch.distributed store at %s (timeout %.0f s)", address, timeout)
         try:
-            store = _env_rendezvous(dist, host, port, timeout)
+            store = _env_rendezvous(torch.distributed, host, port, timeout)
         except TimeoutError:
             raise DistributedSetupError(
                 f"cannot reach the torch.distributed store at {address} within {timeout:g} s"
@@ -603,8 +604,6 @@ def _tell_the_job(problem: DistributedSetupError, timeout: float) -> None:
 
 
 def _resolve_plugin(plugin: DevicePlugin | str | None) -> DevicePlugin:
-    from . import _registry
-
     if plugin is None:
         return _registry.default_plugin()
     if isinstance(plugin, str):
@@ -703,9 +702,9 @@ def create_client(
     try:
         client = plugin.create_client(merged, configure=configure, kv_store=kv)
     except PjrtError as error:
-        problem = _posted_problem(kv.store, kv.job_prefix, kv.address) if kv is not None and kv.job_prefix else None
-        if problem is not None:  # a problem another process posted explains the plugin's failure
-            raise problem from error
+        posted = _posted_problem(kv.store, kv.job_prefix, kv.address) if kv is not None and kv.job_prefix else None
+        if posted is not None:  # a problem another process posted explains the plugin's failure
+            raise posted from error
         if kv is None or error.hint is not None or error.code_name != "DEADLINE_EXCEEDED":
             raise
         hint = (

@@ -43,7 +43,15 @@ class ApiVersionError(LibraryLoadError):
 
 
 class UnsupportedFunctionError(PjrtPluginsError, NotImplementedError):
-    """The plugin does not provide a C API function we need."""
+    """The plugin does not provide a C API function we need.
+
+    ``function`` names it, ``plugin_version`` is the plugin's ``(major, minor)`` and
+    ``added_in`` the version that added the function (each None where unknown).
+    """
+
+    function: str | None = None
+    plugin_version: tuple[int, int] | None = None
+    added_in: tuple[int, int] | None = None
 
 
 class UnsupportedExtensionError(PjrtPluginsError, NotImplementedError):

@@ -56,6 +56,7 @@ def test_the_generated_package_is_renamed_throughout(tmp_path):
     root, files = write_plugin("acme", tmp_path / "acme")
     relative = sorted(p.relative_to(root).as_posix() for p in files)
     assert "pjrt_plugin_acme/_plugin.py" in relative and "csrc/acme.h" in relative and "setup.py" in relative
+    assert "pjrt_plugin_acme/py.typed" in relative  # its annotations reach the vendor's users' type checkers
     for path in files:
         text = path.read_text().replace("from the stub_neuron template", "")  # pyproject's description
         if path.name != "README.md":
@@ -68,6 +69,7 @@ def test_the_generated_package_is_renamed_throughout(tmp_path):
         assert f'"{variable}"' in code, f"the README names {variable}, which the generated code never reads"
     pyproject = (root / "pyproject.toml").read_text()
     assert 'name = "pjrt-plugin-acme"' in pyproject and 'acme = "pjrt_plugin_acme:AcmePlugin"' in pyproject
+    assert 'version = {attr = "pjrt_plugin_acme.__version__"}' in pyproject  # one version source
     assert '"pjrt_plugin_acme.libpjrt_acme"' in (root / "setup.py").read_text()
     # visible to JAX too: its own jax_plugins entry point, registering under the new name
     assert '[project.entry-points.jax_plugins]\nacme = "pjrt_plugin_acme.jax_plugin"' in pyproject
@@ -155,7 +157,9 @@ def _pure_wheel_plugin(tmp_path: Path, library: Path) -> Path:
     (root / "setup.py").unlink()
     shutil.copyfile(library, root / "pjrt_plugin_acme_pure" / "libpjrt_acme_pure.so")
     pyproject = (root / "pyproject.toml").read_text()
-    (root / "pyproject.toml").write_text(pyproject + '\n[tool.setuptools.package-data]\npjrt_plugin_acme_pure = ["*.so"]\n')
+    typed = 'pjrt_plugin_acme_pure = ["py.typed"]'
+    assert typed in pyproject  # the template's package data, to which the library is added
+    (root / "pyproject.toml").write_text(pyproject.replace(typed, 'pjrt_plugin_acme_pure = ["py.typed", "*.so"]'))
     built = subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "dist"), str(root)],
                            capture_output=True, text=True, env=clean_env(), timeout=300)
     assert built.returncode == 0, built.stderr

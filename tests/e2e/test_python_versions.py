@@ -27,8 +27,10 @@ QUICK_SUITE = ("tests/core/test_registry.py tests/core/test_discovery.py tests/r
 def test_the_core_suite_passes_on_python_with_jax_0_12(version):
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env.update(PYTHONS=version, TESTS=QUICK_SUITE)
-    result = subprocess.run([str(MATRIX), "-x"], cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
-    output = result.stdout + result.stderr
+    # one stream, in order: a failure's tail is pytest's report, not pip's warnings printed before it
+    result = subprocess.run([str(MATRIX), "-x"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=1500, env=env)
+    output = result.stdout
     if f"==> Python {version}: not found" in output:
         pytest.skip(f"Python {version} is not installed (no python{version} on PATH, no pyenv version {version}.x)")
     assert result.returncode == 0, f"scripts/test-matrix on Python {version} failed:\n{output[-6000:]}"

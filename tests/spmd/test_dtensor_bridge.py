@@ -59,7 +59,7 @@ def test_convert_to_xla_mesh_keeps_a_permuted_device_order():
 
 def test_meshes_of_the_wrong_size_or_device_type_are_refused():
     ensure_cpu8()
-    with pytest.raises(PlacementError, match=r"has 4 devices \(shape \(4,\)\) but the virtual device stands for 8"):
+    with pytest.raises(PlacementError, match=r"covers 4 devices but the virtual device stands for 8"):
         convert_to_xla_mesh(DeviceMesh("pjrt", list(range(4)), _init_backend=False, _rank=0))
     with pytest.raises(PlacementError, match="'xla' is PyTorch/XLA's device"):
         convert_to_xla_mesh(DeviceMesh("xla", list(range(8))))

@@ -257,7 +257,7 @@ def test_plans_that_do_not_fit_fail_before_xla_sees_them(mesh2x4, mesh8):
         (lambda: parallelize_module(MLP(), mesh2x4, {"w1": ColwiseParallel()}), PlacementError,
          r"1 placement .* for a mesh of 2 dimensions"),
         (lambda: parallelize_module(MLP(), DeviceMesh("pjrt", list(range(4)), _init_backend=False, _rank=0),
-                                    {"w1": ColwiseParallel()}), PlacementError, "has 4 devices"),
+                                    {"w1": ColwiseParallel()}), PlacementError, "covers 4 devices"),
         (lambda: parallelize_module(nn.Sequential(nn.LayerNorm(4)), mesh8, {"0": ColwiseParallel()}),
          NotImplementedError, "only support nn.Linear and nn.Embedding"),
         (lambda: parallelize_module(nn.LayerNorm(16), mesh8, SequenceParallel(sequence_dim=2))(

@@ -9,7 +9,7 @@ import torch
 import pjrt_plugins.spmd as xs
 import pjrt_plugins.spmd.runtime as xr
 import pjrt_plugins.spmd.xla_model as xm
-from pjrt_plugins.errors import VirtualDeviceError
+from pjrt_plugins.errors import UnsupportedFunctionError, VirtualDeviceError
 
 from _exec_support import engine  # noqa: F401
 
@@ -100,3 +100,14 @@ def test_send_cpu_data_to_device_uploads_each_devices_shard(engine):
     nested = xm.send_cpu_data_to_device({"a": [torch.zeros(8, 2), "text"], "b": torch.arange(3)}, "pjrt:0", spec)
     assert nested["a"][1] == "text" and nested["a"][0].sharding_spec == out[0].sharding_spec
     assert nested["b"].sharding_spec == "" and torch.equal(nested["b"].cpu(), torch.arange(3))
+
+
+def test_get_memory_info_asks_one_device_of_the_mesh_and_says_what_the_plugin_lacks(engine):
+    # The CPU plugin reports no memory statistics: a clear error naming the C API function, for any ordinal.
+    for device in (None, "pjrt:0", 7):
+        with pytest.raises(UnsupportedFunctionError, match="PJRT_Device_MemoryStats"):
+            xm.get_memory_info(device)
+    with pytest.raises(ValueError, match="ordinal 8 is out of range"):
+        xm.get_memory_info(8)
+    with pytest.raises(VirtualDeviceError):
+        xm.get_memory_info("pjrt:1")

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .._child_process import EventChild, child_environment, describe_exit, output_tail, python_command
-from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
-from . import _checks_capi  # noqa: F401
+from .._client_setup import checked_create_options
+from . import _checks_buffers  # noqa: F401 - the checks these require are declared first
 from ._context import Context
 from ._framework import Fail, Skip, check
 from ._framework_probe import PROBE_MARK, TORCH_XLA_PYTHON_ENV
@@ -78,7 +78,7 @@ XLA_CLIENT_SLOTS: dict[str, tuple[str, ...]] = {
     "copy": ("PJRT_Buffer_CopyToMemory",),
 }
 #: What each probe step does, for messages.
-STEPS = {
+STEPS: dict[str | None, str | None] = {
     "load": "loading and initializing the library",
     "create": "creating the client (its constructor also lists devices, memories and the topology)",
     "devices": "listing the devices",
@@ -184,8 +184,9 @@ def run_probe(ctx: Context, framework: str, python: str) -> dict[str, Any]:
     if child.timed_out:
         raise Fail(f"{label} did not finish {STEPS.get(step, step or 'starting')} within {timeout:g} s")
     for event in events:
-        if isinstance(event.get("result"), dict):
-            return event["result"]
+        result = event.get("result")
+        if isinstance(result, dict):
+            return result
     errors = [str(e["error"]) for e in events if "error" in e]
     if errors and step is None:  # the framework itself did not import: nothing was asked of the plugin
         raise Skip(f"{label} cannot be used with {python}: {errors[-1]}")
@@ -198,8 +199,6 @@ def probe_options(ctx: Context) -> dict[str, Any]:
     """The create options the frameworks get: the plugin's hooks (checked) over --option values, or the options given."""
     if not ctx.has_python:
         return dict(ctx.target.options)
-    from ..runtime._plugin_client import checked_create_options
-
     options, _ = checked_create_options(ctx.plugin, ctx.target.options)
     return options
 

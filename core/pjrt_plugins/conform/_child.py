@@ -13,9 +13,13 @@ import sys
 from typing import Any
 
 from .._child_process import EventChannel, open_channel
-
-#: Prefix of every event line (anything else on the channel is ignored).
-EVENT_MARK = "@@pjrt-plugins-conform@@ "
+from .._discovery import discover_for_tools
+from ._catalog import all_checks
+from ._context import Context
+from ._framework import run_check
+from ._report import Status
+from ._runner import EVENT_MARK
+from ._target import Target
 
 
 def emit(channel: EventChannel, **event: Any) -> None:
@@ -24,13 +28,6 @@ def emit(channel: EventChannel, **event: Any) -> None:
 
 def run_plan(plan: dict[str, Any], channel: EventChannel) -> None:
     """Run the checks named in ``plan["pending"]``, given the statuses of those already done."""
-    from ._context import Context
-    from ._framework import all_checks, run_check
-    from ._report import Status
-    from ._target import Target
-
-    from .._discovery import discover_for_tools
-
     discover_for_tools()
     target = Target.from_json(plan["target"])
     statuses = {k: Status(v) for k, v in plan.get("statuses", {}).items()}

@@ -57,7 +57,7 @@ def phase(name: str) -> None:
     emit(phase=name)
 
 
-def sample():
+def sample() -> Any:
     import numpy as np
 
     return np.arange(12, dtype=np.float32).reshape(3, 4) * 1.5 - 4

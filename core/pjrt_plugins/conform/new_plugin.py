@@ -16,6 +16,7 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .._cli_common import EXIT_OK, UsageError, print_json
 from . import _template_files
 
 HELP = "write a new plugin package (C library + Python hooks) from the stub_neuron template"
@@ -328,8 +329,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_OK, UsageError
-
     try:
         names = PluginNames.from_name(args.name)
     except ValueError as exc:
@@ -338,8 +337,6 @@ def run(args: argparse.Namespace) -> int:
     root, written = write_plugin(args.name, args.output, template=args.template)
     steps = [f"pip install {root}", "pjrt-plugins list", f"pjrt-plugins conform {names.entry_point}"]
     if args.json:
-        from ..cli import print_json
-
         print_json({"names": asdict(names), "path": str(root), "files": [str(p) for p in written], "next": steps})
         return EXIT_OK
     print(f"wrote {len(written)} files to {root}")

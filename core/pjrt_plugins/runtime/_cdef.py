@@ -915,7 +915,7 @@ typedef PJRT_Error* PJRT_UntypedFunction(void* args);
 # ---------------------------------------------------------------------------------------
 # Device memory statistics, memory descriptions and the profiler (used by _memory and
 # _profiler). Kept in one block of their own; written for this project from the published
-# layouts: PJRT_Device_MemoryStats_Args from pjrt_c_api.h (as in the 0.81 header), the
+# layouts: PJRT_Device_MemoryStats_Args from pjrt_c_api.h (as in the 0.117 header), the
 # MemoryDescriptions extension (pjrt_c_api_memory_descriptions_extension.h, version 1), the
 # Profiler extension (pjrt_c_api_profiler_extension.h, version 1) and the plugin profiler API
 # it points to (xla/backends/profiler/plugin/profiler_c_api.h, PLUGIN_PROFILER_VERSION 1).
@@ -948,6 +948,8 @@ typedef struct PJRT_Device_MemoryStats_Args {
   bool pool_bytes_is_set;
   int64_t peak_pool_bytes;
   bool peak_pool_bytes_is_set;
+  int64_t peak_allocated_bytes;
+  bool peak_allocated_bytes_is_set;
 } PJRT_Device_MemoryStats_Args;
 typedef PJRT_Error* PJRT_Device_MemoryStats_Fn(PJRT_Device_MemoryStats_Args* args);
 
@@ -1243,6 +1245,8 @@ FIELDS_ADDED_AFTER_0_81: dict[tuple[str, str], int] = {
     ("PJRT_ExecuteOptions", "custom_options"): _IN_LAYOUT_0_117,
     ("PJRT_ExecuteOptions", "num_custom_options"): _IN_LAYOUT_0_117,
     ("PJRT_Executable_DeserializeAndLoad_Args", "load_options"): _IN_LAYOUT_0_114,
+    ("PJRT_Device_MemoryStats_Args", "peak_allocated_bytes"): _IN_LAYOUT_0_117,
+    ("PJRT_Device_MemoryStats_Args", "peak_allocated_bytes_is_set"): _IN_LAYOUT_0_117,
 }
 
 #: Fields that plugins at or above MIN_SUPPORTED_MINOR may still lack, with the minor that

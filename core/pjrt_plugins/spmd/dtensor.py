@@ -21,12 +21,12 @@ from torch.distributed.device_mesh import DeviceMesh, _mesh_resources
 from torch.distributed.tensor.placement_types import Placement
 
 from ..errors import PlacementError
-from .devices import virtual_device
+from .devices import Mesh, virtual_device
+from .sharding import Mesh as PureMesh
 from .frontend import XLAShardedTensor
 from .frontend._device_mesh import MeshAxes, check_device_type, mesh_axes, new_device_mesh
 from .frontend._placements import distribute, distribute_module, partition_spec, placements_for
 from .frontend._torch_device import DEVICE_TYPE
-from .sharding import Mesh
 from . import _dtensor_routes
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ def convert_to_xla_partition_spec(tensor: torch.Tensor, placements: Sequence[Pla
     """
     placements = tuple(placements)
     # Only the mesh's dimension count matters here (PyTorch/XLA's function takes no mesh).
-    axes = MeshAxes(Mesh(range(1), (1,) * max(len(placements), 1)), tuple((i,) for i in range(len(placements))))
+    # Only the placements matter here: a one-device stand-in mesh of the pure data model (no device check).
+    axes = MeshAxes(PureMesh(range(1), (1,) * max(len(placements), 1)), tuple((i,) for i in range(len(placements))))
     return partition_spec(placements, axes, tensor.dim())
 
 

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import torch
 from torch.utils import _pytree as pytree
 
+from ..runtime import MemoryInfo
 from . import devices as _devices
 from . import runtime as _xr
 from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine
@@ -25,6 +26,7 @@ from .frontend.tensor import XLAShardedTensor, materialize, to_cpu, unwrap
 __all__ = [
     "fork_rng",
     "get_local_ordinal",
+    "get_memory_info",
     "get_ordinal",
     "get_rng_state",
     "get_xla_supported_devices",
@@ -179,3 +181,27 @@ def fork_rng(device: str | None = None, enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         set_rng_state(state, device)
+
+
+def get_memory_info(device: int | str | torch.device | None = None) -> MemoryInfo:
+    """PyTorch/XLA's ``xm.get_memory_info``: ``{"bytes_used", "peak_bytes_used", "bytes_limit"}`` of one device.
+
+    ``pjrt:0`` stands for every device of the mesh, so ``device`` is a device ordinal (an int, as in a
+    :class:`Mesh`), or ``None`` / ``"pjrt:0"`` for ordinal 0. Raises
+    :class:`~pjrt_plugins.errors.UnsupportedFunctionError` where the plugin reports no memory statistics
+    (the CPU plugins here do not).
+
+    Example::
+
+        xm.get_memory_info(3)["bytes_used"]   # on a GPU plugin: bytes in use on device ordinal 3
+    """
+    vd = _devices.virtual_device()
+    if isinstance(device, bool) or not isinstance(device, (int, type(None))):
+        check_torch_device(device)
+        device = None
+    ordinal = 0 if device is None else int(device)
+    if not 0 <= ordinal < vd.num_devices:
+        raise ValueError(f"device ordinal {ordinal} is out of range: the virtual device has {vd.num_devices} "
+                         f"devices (0..{vd.num_devices - 1})")
+    return vd.devices[ordinal].get_memory_info()  # type: ignore[no-any-return]
+

@@ -16,8 +16,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from ...errors import PlacementError
-from ..devices import virtual_device
-from ..sharding import Mesh
+from ..devices import Mesh, virtual_device
 from ._torch_device import DEVICE_TYPE
 
 __all__ = ["MeshAxes", "mesh_axes", "new_device_mesh"]

@@ -23,7 +23,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from ...errors import PlacementError, ShardingError, UnsupportedPlacementError
 from ..sharding import Mesh, axis_dims_from_spec, spec_from_axis_dims
 from ..transport import TensorData
-from ._annotate import mark_sharding
+from ._annotate import clear_sharding, mark_sharding
 from ._device_mesh import MeshAxes, mesh_axes, mesh_dim_sizes
 from ._torch_device import TORCH_DEVICE
 from .tensor import XLAShardedTensor, materialize, unwrap
@@ -235,7 +235,7 @@ class _Constrain(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mesh: Mesh, spec: tuple, back: tuple | None) -> torch.Tensor:  # type: ignore[override]
         ctx.back = back
-        out = x.clone()
+        out = clear_sharding(x.clone())  # a clone carries its source's sharding; this one gets its own
         mark_sharding(out, mesh, spec)
         return out
 
@@ -245,7 +245,7 @@ class _Constrain(torch.autograd.Function):
             return None, None, None, None
         out = grad.clone()
         if ctx.back is not None and isinstance(out, XLAShardedTensor):
-            mark_sharding(out, *ctx.back)
+            mark_sharding(clear_sharding(out), *ctx.back)
         return out, None, None, None
 
 
