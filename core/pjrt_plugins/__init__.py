@@ -34,6 +34,8 @@ from ._marker import hookimpl
 from .errors import (
     ApiVersionError,
     BufferViewedError,
+    CheckpointError,
+    CheckpointMismatchError,
     ClientClosedError,
     CompileCacheWarning,
     CpuFallbackWarning,
@@ -44,6 +46,7 @@ from .errors import (
     InputShardingError,
     LibraryLoadError,
     LoweringError,
+    ManualShardingError,
     PjrtError,
     PjrtPluginsError,
     PlacementError,
@@ -67,6 +70,8 @@ from .errors import (
 __all__ = [
     "ApiVersionError",
     "BufferViewedError",
+    "CheckpointError",
+    "CheckpointMismatchError",
     "ClientClosedError",
     "CompileCacheWarning",
     "CpuFallbackWarning",
@@ -78,6 +83,7 @@ __all__ = [
     "InputShardingError",
     "LibraryLoadError",
     "LoweringError",
+    "ManualShardingError",
     "OptionType",
     "PjrtError",
     "PjrtPluginsError",
