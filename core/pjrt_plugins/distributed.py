@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _registry
 from ._env import env_int
+from ._timeouts import seconds_problem
 from .errors import DistributedSetupError, PjrtError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +66,8 @@ STORE_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 REPORT_TIMEOUT_S = 10.0
 #: While a ``get`` waits, it looks this often for a problem another process of the job posted.
 JOB_POLL_S = 1.0
+#: Seconds the process hosting the store keeps it up after a problem of the job, so the others read it.
+HOST_LINGER_S = 2 * JOB_POLL_S + 0.5
 #: Seconds torch may take past a bound to report its own timeout before a wait on it is abandoned.
 _GRACE_S = 0.5
 
@@ -168,8 +171,11 @@ def store_timeout(timeout: float | None = None) -> float:
             timeout = float(raw)
         except ValueError:
             timeout = math.nan
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-        raise DistributedSetupError(f"{source} must be a finite number of seconds > 0, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise DistributedSetupError(f"{source} must be a finite number of seconds above 0, got {timeout!r}")
+    problem = seconds_problem(float(timeout))  # the one rule for time limits, the platform's bound included
+    if problem is not None:
+        raise DistributedSetupError(f"{source} {problem}, got {timeout!r}")
     return float(timeout)
 
 
@@ -575,6 +581,16 @@ def _check_job(store: Any, prefix: str, address: str) -> None:
         raise problem
 
 
+def _keep_the_store_up() -> None:
+    """In the process hosting the job's store, before it raises a problem of the job: keep the store up a moment.
+
+    The job's other processes read a posted problem between waits (every :data:`JOB_POLL_S`);
+    were the host to exit at once, they would see only a store that went away.
+    """
+    if _hosts_store():
+        time.sleep(HOST_LINGER_S)
+
+
 def _tell_the_job(problem: DistributedSetupError, timeout: float) -> None:
     """Best effort: post why this process cannot take part, so the job's other processes stop too.
 
@@ -686,7 +702,11 @@ def create_client(
         base = store if store is not None else default_store(timeout)
         kv = TorchStoreKV(base, prefix=prefix, default_timeout=timeout, max_timeout=timeout if explicit else None)
         if store is None and info.is_multiprocess:  # the job's own store (a store you pass is yours to manage)
-            kv.job_prefix = _check_in(base, info, kv.address)
+            try:
+                kv.job_prefix = _check_in(base, info, kv.address)
+            except DistributedSetupError:
+                _keep_the_store_up()
+                raise
         if explicit:
             kv.deadline = deadline
         logger.info(
@@ -704,6 +724,7 @@ def create_client(
     except PjrtError as error:
         posted = _posted_problem(kv.store, kv.job_prefix, kv.address) if kv is not None and kv.job_prefix else None
         if posted is not None:  # a problem another process posted explains the plugin's failure
+            _keep_the_store_up()
             raise posted from error
         if kv is None or error.hint is not None or error.code_name != "DEADLINE_EXCEEDED":
             raise
@@ -722,6 +743,7 @@ def create_client(
                 _check_job(kv.store, kv.job_prefix, kv.address)
             except BaseException:
                 client.close()
+                _keep_the_store_up()
                 raise
     return client
 
