@@ -8,6 +8,7 @@ while saving leaves a directory that is ignored (with a warning), never half a c
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -310,7 +311,7 @@ class CheckpointManager:
         except BaseException:
             self._async_sem.release()
             raise
-        future.add_done_callback(lambda f, step=step: self._async_done(step, f))
+        future.add_done_callback(functools.partial(self._async_done, step))
         self._async_futures.append((step, future))
         return True
 

@@ -153,7 +153,7 @@ class SPMDSavePlanner(SavePlanner):
         self, state_dict: dict[str, Any], storage_meta: StorageMeta | None = None, is_coordinator: bool = False
     ) -> None:
         if isinstance(storage_meta, bool):  # PyTorch/XLA's older form: set_up_planner(state_dict, is_coordinator)
-            storage_meta, is_coordinator = None, storage_meta
+            is_coordinator, storage_meta = bool(storage_meta), None
         self.is_coordinator = is_coordinator
         flat, self.mappings = flatten_state_dict(state_dict)
         prepare([v for v in flat.values() if is_pjrt(v)])

@@ -145,7 +145,7 @@ class TiledTensor:
             if shard.numel == 0:
                 pieces.append(torch.zeros(shard.padded_shape, dtype=self.dtype))
             else:
-                pieces.append(staged[tuple(s.start for s in shard.indices)])
+                pieces.append(staged[tuple(s.start for s in shard.indices)])  # type: ignore[union-attr]
         data = self.data
         materialize([data])  # pending work that reads the old value runs first
         buffers = upload_shards(pieces, self.shape, self.dtype, self.layout, vd)

@@ -344,7 +344,7 @@ class XLAShardedTensor(torch.Tensor):
         except BaseException as error:
             if torch._C._current_graph_task_id() == -1:
                 raise
-            if not getattr(error, "_pjrt_op_noted", False):
+            if not getattr(error, "_pjrt_op_noted", False) and hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(raised by {func} in autograd's backward pass on the pjrt device)")
                 error._pjrt_op_noted = True  # type: ignore[attr-defined]
             return _ErrorForAutograd(error)
@@ -418,6 +418,8 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
 def describe(tensor: XLAShardedTensor, mesh_shape: Sequence[int] | None, partition_spec: Sequence[Any] | None) -> None:
     """Record ``mesh_shape`` / ``partition_spec`` as the tensor's description only (its sharding is unchanged)."""
     data = unwrap(tensor)
+    mesh: Any
+    spec: Any
     mesh, spec = data.mark if data.mark is not None else (None, None)
     if mesh_shape is not None:
         shape = tuple(int(s) for s in mesh_shape)

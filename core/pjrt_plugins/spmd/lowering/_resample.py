@@ -40,7 +40,7 @@ def _matrix(forward: Any, n: int, k: int, in_size: int, out_size: int, extra: tu
     identity = torch.eye(in_size, dtype=dtype).reshape(in_size, 1, *[in_size if i == k else 1 for i in range(n)])
     with torch.no_grad():
         result = forward(identity.expand(in_size, 1, *spatial).contiguous(), *extra)
-    result = result[(slice(None), 0, *[slice(None) if i == k else 0 for i in range(n)])]
+    result = result[tuple([slice(None), 0, *[slice(None) if i == k else 0 for i in range(n)]])]  # Python 3.10 syntax
     return result.reshape(in_size, out_size).t().contiguous()
 
 
