@@ -59,6 +59,15 @@ def print_json(data: Any) -> None:
     out.flush()
 
 
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain text table: a header row, a rule, then the rows (``None`` shown as ``-``)."""
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def _parse_value(name: str, raw: str, kind: OptionType | None) -> Any:
     try:
         if kind is OptionType.INT64:

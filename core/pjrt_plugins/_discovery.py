@@ -115,11 +115,22 @@ def _entry_points(*groups: str) -> list[list[EntryPoint]]:
     wanted: dict[str, list[EntryPoint]] = {group: [] for group in groups}
     seen: set[str] = set()
     for dist in importlib.metadata.distributions():
-        name = getattr(dist, "_normalized_name", None) or distribution_name(dist) or ""
-        if name in seen:
+        try:
+            name = getattr(dist, "_normalized_name", None) or distribution_name(dist) or ""
+            if name in seen:
+                continue
+            seen.add(name)
+            entry_points = list(dist.entry_points)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:  # a symlink loop, a damaged file: skip that one
+            where = getattr(dist, "_path", None) or "an installed distribution"
+            warnings.warn(
+                f"pjrt_plugins: skipping {where}: its metadata cannot be read ({type(exc).__name__}: {exc}); "
+                "reinstall or remove it",
+                PluginWarning,
+                stacklevel=4,
+            )
             continue
-        seen.add(name)
-        for ep in dist.entry_points:
+        for ep in entry_points:
             bucket = wanted.get(ep.group)
             if bucket is not None:
                 bucket.append(ep)

@@ -18,7 +18,7 @@ from typing import Any
 import pjrt_plugins
 
 from . import _registry
-from ._child_process import EventChild, describe_exit, emit, output_tail, private_stdout
+from ._child_process import EventChild, describe_exit, emit, open_channel, output_tail
 from ._discovery import discover_for_tools
 from ._registry import PJRT_DEVICE_VAR, PluginRecord, plugin_record
 from ._torch_xla import torch_xla_name_note
@@ -94,20 +94,25 @@ def plugin_rows(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict[str, Any]
         for event in child.events(limit):
             child.limit = timeout
             if "start" in event:
-                current = event["start"]
-            elif isinstance(event.get("row"), dict) and event["row"].get("name") in by_name:
-                row = event["row"]
+                current = event["start"] if event["start"] in pending else None
+            elif "row" in event:
+                row = _checked_row(event["row"], by_name)
+                if row is None:
+                    continue
                 described[row["name"]] = row
                 if row["name"] in pending:
                     pending.remove(row["name"])
                 current = None
-            elif "default" in event:
-                default, default_error, finished = event["default"], event.get("error"), True
+            elif "default" in event and not finished:
+                default, default_error = _checked_default(event.get("default"), event.get("error"), by_name)
+                finished = True
         returncode = child.wait(timeout=10)
         why = f"timed out after {timeout:g} s" if child.timed_out else f"the process {describe_exit(returncode)}"
         why += output_tail(child.stderr_text(), lines=3)
         child.close()
         if finished:
+            for name in pending:  # the child ended without describing it: never a missing row
+                described[name] = _row(by_name[name], "failed", f"listing it failed: {why}")
             break
         if current not in pending:  # died outside any plugin: at start-up, or choosing the default
             for name in pending:
@@ -125,6 +130,34 @@ def plugin_rows(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict[str, Any]
         rows.append(row)
         rows.extend(shadowed_rows(record))
     return rows, default, default_error
+
+
+_STATUSES = frozenset({"available", "unavailable", "misconfigured", "failed", "deferred"})
+
+
+def _checked_row(row: Any, by_name: dict[str, PluginRecord]) -> dict[str, Any] | None:
+    """The row the child described, rebuilt from the parent's own record; ``None`` if it is not a row of ours.
+
+    Only what the child alone can know (status, reason, library path, priority) is taken
+    from it, each checked for its type; the name, distribution and version are the parent's.
+    """
+    if not isinstance(row, dict) or not isinstance(row.get("name"), str) or row["name"] not in by_name:
+        return None
+    status, reason, library, priority = row.get("status"), row.get("reason"), row.get("library_path"), row.get("priority")
+    if status not in _STATUSES or not isinstance(reason, (str, type(None))) or not isinstance(library, (str, type(None))):
+        return None
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        return None
+    return _row(by_name[row["name"]], status, reason, library_path=library, priority=priority)
+
+
+def _checked_default(name: Any, error: Any, by_name: dict[str, PluginRecord]) -> tuple[str | None, dict[str, str] | None]:
+    """The default plugin's name, or why there is none, as the child reported them (anything else: no default)."""
+    if isinstance(name, str) and name in by_name:
+        return name, None
+    if isinstance(error, dict) and all(isinstance(error.get(k), str) for k in ("type", "message")):
+        return None, {"type": error["type"], "message": error["message"]}
+    return None, {"type": "PluginLoadError", "message": "the listing process named no usable default plugin"}
 
 
 # -- child side ---------------------------------------------------------------------
@@ -145,7 +178,9 @@ def _default() -> tuple[str | None, dict[str, str] | None]:
 
 
 def main(plan: dict[str, Any]) -> None:
-    channel = private_stdout()  # plugin prints go to stderr
+    # Before any plugin code runs (`import pjrt_plugins` above reads metadata only, no plugin
+    # module): what plugins print never reaches the channel.
+    channel = open_channel()
     discover_for_tools()
     for name, reason in plan.get("broken", {}).items():
         _registry.mark_failed(name, PluginLoadError(f"plugin {name!r}: {reason}"))

@@ -1,9 +1,10 @@
 """The `pjrt-plugins` command (also `python -m pjrt_plugins`): list, devices, doctor, and room for more.
 
 Exit status: 0 success; 1 the command ran and found a failure (plugin missing,
-broken or unavailable, client creation failed, doctor found a problem);
-2 usage error. Every command takes ``--json`` for machine-readable output, and
-``--log-level`` (or ``-v`` before the command) shows the library's own log records.
+broken or unavailable, client creation failed, doctor found a problem), or its
+output could not be written; 2 usage error. Every command takes ``--json`` for
+machine-readable output, and ``--log-level`` (or ``-v`` before the command) shows
+the library's own log records.
 
 The top of the package: it may import every layer, but loads the runtime (cffi, numpy)
 only in the commands that open a library.
@@ -18,7 +19,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO, cast
 
 import pjrt_plugins
 
@@ -35,6 +36,7 @@ from ._cli_common import (
     print_json,
     seconds,
     set_json_output,
+    table,
 )
 from ._discovery import discover_for_tools
 from ._doctor import DEFAULT_TIMEOUT_S as DOCTOR_TIMEOUT_S
@@ -52,18 +54,47 @@ VERBOSE_LEVEL = "debug"
 EXTENSION_COMMANDS: tuple[tuple[str, str], ...] = (
     ("conform", "pjrt_plugins.conform.cli"),
     ("new-plugin", "pjrt_plugins.conform.new_plugin"),
+    ("cache", "pjrt_plugins._cache_command"),
 )
 
 
+class OutputError(Exception):
+    """Writing the command's output failed (a full disk, an I/O error): said on stderr, exit status 1."""
+
+
+class _GuardedOutput:
+    """A text stream whose write and flush failures become :class:`OutputError`.
+
+    So no handler can mistake them for its own failure (and try to report them on the
+    same output), and argparse, which ignores an OSError while printing help, cannot
+    lose them. A closed pipe stays a BrokenPipeError: the reader has what it wanted.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            written = self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from exc
+        return len(text) if written is None else int(written)  # some replacement streams return None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 # -- list ------------------------------------------------------------------------------
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -92,7 +123,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             said = [f"also named {', '.join(row['aliases'])}"] if row.get("aliases") else []
             said += [f"also {origin}" for origin in row.get("also", [])]
             names.append(f"  {row['name']}: " + "; ".join(said))
-    print(_table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
+    print(table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
     print("\n* = default plugin (PJRT_DEVICE, else the available plugin with the highest priority)")
     if not _installed_discovered():
         print("Installed plugins are not shown: PJRT_PLUGINS_AUTOLOAD is off.")
@@ -164,7 +195,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print(f"process  {result['process_index']}\n")
     described = any(d["memory_descriptions"] for d in devices)
     print(
-        _table(
+        table(
             ["ID", "KIND", "PROCESS", "LOCAL HW ID", "ADDRESSABLE", "MEMORIES", *(["SUPPORTED KINDS"] if described else [])],
             [
                 [d["id"], d["kind"], d["process_index"], d["local_hardware_id"], d["addressable"], _kinds(d["memories"]),
@@ -214,7 +245,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     reports = []
     for record in wanted:
         if not args.json:
-            print(f"checking {record.name} ...", file=sys.stderr, flush=True)
+            _say(f"checking {record.name} ...")  # progress: a stderr that cannot be written must not stop the checks
         reports.append(diagnose(record, timeout=args.timeout, explicit=bool(args.names)))
     problems = [r for r in reports if r.status == "broken" or (args.names and r.status == "unavailable")]
     fastpath = _fastpath_state()
@@ -292,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pjrt-plugins",
         description="Inspect the PJRT device plugins installed in this Python environment.",
-        epilog="Exit status: 0 success, 1 a plugin or check failed, 2 usage error.",
+        epilog="Exit status: 0 success, 1 a plugin or check failed (or the output could not be written), 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"pjrt-plugins {pjrt_plugins.__version__}")
     parser.add_argument(*_LOG_LEVEL_ARGS, **_LOG_LEVEL_OPTIONS, default=None)
@@ -334,15 +365,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status.
 
     A reader that stops early (``pjrt-plugins list | head -1``) ends the command quietly
-    with status 0, as it got what it asked for.
+    with status 0, as it got what it asked for. Output that cannot be written (a full
+    disk: ``> /dev/full``, or no standard output at all: ``>&-``) is said on stderr,
+    with status 1.
     """
+    if sys.stdout is None:  # started with descriptor 1 closed: no command can say anything
+        _say("pjrt-plugins: standard output is closed, so nothing could be shown; run it with an output "
+             "(a terminal, a file or a pipe)")
+        return EXIT_FAILURE
+    stdout = sys.stdout
+    sys.stdout = _GuardedOutput(stdout)
     try:
         status = _main(argv)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_OK
+    except OutputError as exc:
+        _discard_stdout()
+        _say(f"pjrt-plugins: cannot write the output: {exc}")
+        return EXIT_FAILURE
+    finally:
+        sys.stdout = stdout
     return status
+
+
+def _say(message: str) -> None:
+    """A line on stderr, if there is one to write to."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (AttributeError, OSError):
+        pass
 
 
 def _discard_stdout() -> None:
@@ -350,7 +403,10 @@ def _discard_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, json_output()):
         if stream is not None:
-            os.dup2(devnull, stream.fileno())
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):  # a stream without a descriptor (a test's capture): nothing to point
+                pass
     os.close(devnull)
 
 
@@ -360,7 +416,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.log_level is not None:
         show_library_logs(args.log_level)
     if getattr(args, "json", False) and json_output() is None:
-        set_json_output(private_stdout())  # a plugin printing at import lands on stderr, never in the JSON
+        set_json_output(cast(TextIO, _GuardedOutput(private_stdout())))  # a plugin printing at import lands on stderr, never in the JSON
     discover_for_tools()  # honours PJRT_PLUGINS_AUTOLOAD=0: then only environment-named libraries
     try:
         return int(args.handler(args))
@@ -379,7 +435,7 @@ def _fail(args: argparse.Namespace, exc: BaseException) -> int:
     if getattr(args, "json", False):
         print_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
     else:
-        print(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}")
     return EXIT_FAILURE
 
 

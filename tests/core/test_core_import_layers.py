@@ -67,9 +67,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # `import pjrt_plugins`: the public names, and discovery at import.
     ("package", ("pjrt_plugins",)),
     ("integrations", ("pjrt_plugins.distributed", "pjrt_plugins.jax_plugin", "pjrt_plugins.profiler")),
+    # The compile cache directory as files (no torch): below the SPMD cache and `pjrt-plugins cache`, which share it.
+    ("cache files", ("pjrt_plugins._cache_files",)),
     # (the SPMD rows go here)
     ("tools", (
         "pjrt_plugins._child_process", "pjrt_plugins._cli_common", "pjrt_plugins._listing", "pjrt_plugins._doctor",
+        "pjrt_plugins._cache_command",
         "pjrt_plugins.conform", "pjrt_plugins.conform.*", "pjrt_plugins.cli", "pjrt_plugins.__main__",
     )),
 )

@@ -71,7 +71,8 @@ def _run_checks(args: argparse.Namespace) -> Report:
         target = resolve_target(args.target, bare=args.bare)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    options = parse_options(args.option or [], option_schema_of(target))
+    # The schema needs the plugin imported here: only for -o, so that without it no plugin code runs in this process.
+    options = parse_options(args.option, option_schema_of(target)) if args.option else {}
     if args.json:
         return run_conformance(target, options, timeout=args.timeout)
     print(f"conform {args.target}" + (f"  (options: {options})" if options else ""), flush=True)
