@@ -28,6 +28,7 @@ from ._executable import Executable
 from ._kv import KeyValueStore
 from ._library import Library, load_library, loaded_libraries, new_args
 from ._memory import MemoryDescription, MemoryInfo
+from ._partitioner import SHARDY_PROBE_PROGRAM, shardy_refusal
 from ._plugin_client import create_client_for_plugin
 
 #: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
@@ -54,6 +55,7 @@ __all__ = [
     "PjrtError",
     "PluginInitializeTimeoutError",
     "PluginTimeoutError",
+    "SHARDY_PROBE_PROGRAM",
     "SUPPORTED_API_VERSIONS",
     "UnsupportedExtensionError",
     "UnsupportedFunctionError",
@@ -62,4 +64,5 @@ __all__ = [
     "load_library",
     "loaded_libraries",
     "new_args",
+    "shardy_refusal",
 ]

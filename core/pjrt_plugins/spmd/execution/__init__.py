@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import _disk_cache as disk_cache
 from ._disk_cache import set_cache_dir
 from ._execute import describe_program, execute_program, run_graph
+from ._partitioner import ENV_PARTITIONER, partitioner_for, partitioner_mode, set_partitioner, shardy_probe_result
 from ._program_key import compile_options, graph_signature, lowering_options, plugin_identity, program_key
 from ._programs import (
     MEMORY_CACHE_SIZE,
@@ -26,6 +27,7 @@ from ._programs import (
 )
 
 __all__ = [
+    "ENV_PARTITIONER",
     "MEMORY_CACHE_SIZE",
     "PROGRAMS",
     "CompiledProgram",
@@ -41,10 +43,14 @@ __all__ = [
     "last_program",
     "lowering_options",
     "parameter_shardings",
+    "partitioner_for",
+    "partitioner_mode",
     "plugin_identity",
     "program_for",
     "program_key",
     "read_output_shardings",
     "run_graph",
     "set_cache_dir",
+    "set_partitioner",
+    "shardy_probe_result",
 ]

@@ -17,7 +17,9 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError
+from ..sharding import OpSharding, SdyPlan
 from ._mlir import is_unsigned, splat_attr, tensor_type
+from ._sdy import constrain
 
 RNG_ALGORITHMS = {"default": "DEFAULT", "three_fry": "THREE_FRY", "philox": "PHILOX"}
 #: torch.get_float32_matmul_precision() -> the StableHLO precision of matrix products and
@@ -34,6 +36,8 @@ class LoweringOptions:
     ``target_version``: the StableHLO version of the portable artifact (None = jaxlib's own).
     ``matmul_precision``: torch's float32 matmul precision (``torch.get_float32_matmul_precision()``);
     ``"highest"``, torch's default, keeps GPUs from computing float32 products in TF32.
+    ``partitioner``: the sharding annotations to emit, ``"shardy"`` (``sdy``) or ``"gspmd"`` (``mhlo.sharding``);
+    a program whose shardings Shardy cannot express keeps GSPMD's (``LoweredModule.partitioner`` says which).
     """
 
     num_partitions: int = 1
@@ -41,8 +45,11 @@ class LoweringOptions:
     rng_algorithm: str = "default"
     target_version: str | None = None
     matmul_precision: str = "highest"
+    partitioner: str = "gspmd"
 
     def __post_init__(self) -> None:
+        if self.partitioner not in ("shardy", "gspmd"):
+            raise ValueError(f"unknown partitioner {self.partitioner!r}; use 'shardy' or 'gspmd'")
         if self.rng_algorithm not in RNG_ALGORITHMS:
             raise ValueError(f"unknown RNG algorithm {self.rng_algorithm!r}; use one of {sorted(RNG_ALGORITHMS)}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
@@ -120,6 +127,12 @@ class Emitter:
         self.node: Any = None
         # Matrix products by result value, so a transpose of one becomes the swapped product.
         self._products: dict[ir.Value, tuple[TensorValue, TensorValue, int, int]] = {}
+        #: The program's Shardy plan (its mesh and shardings), or None for GSPMD annotations.
+        self.sdy_plan: SdyPlan | None = None
+
+    def constrain(self, x: TensorValue, spec: OpSharding | str) -> TensorValue:
+        """``x`` pinned to the sharding ``spec`` (in the program's annotation kind)."""
+        return TensorValue(constrain(self.sdy_plan, x.value, spec), x.shape, x.dtype)
 
     # -- values -------------------------------------------------------------------
 

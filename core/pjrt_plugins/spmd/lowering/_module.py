@@ -1,7 +1,8 @@
 """Turn a torch.fx Graph of ATen ops into one StableHLO module and its portable artifact.
 
-Inputs carry ``mhlo.sharding`` argument attributes, marked intermediates a ``@Sharding``
-custom call; outputs carry none, so the SPMD partitioner chooses them. Never compiles.
+Inputs carry sharding argument attributes and marked intermediates a sharding constraint: Shardy's
+(``sdy.sharding``, ``sdy.sharding_constraint`` on one ``sdy.mesh``) or GSPMD's (``mhlo.sharding``, a
+``@Sharding`` custom call), see ``_sdy``. Outputs carry none, so the partitioner chooses them. Never compiles.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..sharding import OpSharding
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
+from ._sdy import add_mesh, argument_attrs, plan_program
 from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class LoweredModule:
     rng_keys: int = 0
     #: Position of the float64 run-time scalar argument among the inputs, or None.
     scalars_input: int | None = None
+    #: The annotations the module carries: ``"shardy"`` (compile with the Shardy partitioner) or ``"gspmd"``.
+    partitioner: str = "gspmd"
     ops: dict[str, int] = field(default_factory=dict)
 
 
@@ -127,17 +131,22 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             if not isinstance(leaf, fx.Node):
                 raise LoweringError(f"graph outputs must be tensors, got {type(leaf).__name__}")
 
+        plan = None
+        if partitioned and options.partitioner == "shardy":
+            plan = plan_program(_program_shardings(graph, shardings), options.num_partitions, _user_meshes(graph))
         with ir.InsertionPoint(module.body):
             # Result types are known only after the body is built; start with none and fix up.
             fn = func.FuncOp("main", ir.FunctionType.get(arg_types, []))
             fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
             if partitioned:
-                fn.arg_attrs = ir.ArrayAttr.get(
-                    [ir.DictAttr.get({"mhlo.sharding": ir.StringAttr.get(s)}) for s in shardings]
-                )
+                ranks = [len(ir.RankedTensorType(t).shape) for t in arg_types]
+                fn.arg_attrs = argument_attrs(plan, [s for s in shardings if s is not None], ranks)
             block = fn.add_entry_block()
+        if plan is not None:
+            add_mesh(module, plan)
         keys_arg = len(placeholders) if uses_rng else key_table
         em = Emitter(options)
+        em.sdy_plan = plan
         if keys_arg is not None:
             keys = block.arguments[keys_arg]
             em.rng_keys = TensorValue(keys, tuple(ir.RankedTensorType(keys.type).shape), RNG_KEY_DTYPE)
@@ -167,7 +176,8 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         if not module.operation.verify():
             raise LoweringError("internal: the lowered module does not verify")
         text = str(module)
-        artifact = hlo.serialize_portable_artifact(module, version)
+        # Shardy's mesh and shardings are no StableHLO: the artifact carries them as they are.
+        artifact = hlo.serialize_portable_artifact(module, version, allow_other_dialects=plan is not None)
     logger.debug("lowered %d ops to StableHLO %s (%d bytes)", sum(counts.values()), version, len(artifact))
     return LoweredModule(
         text=text,
@@ -182,7 +192,27 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         rng_keys=len(rng_rows) if uses_rng else 0,
         ops=counts,
         scalars_input=scalars_input,
+        partitioner="shardy" if plan is not None else "gspmd",
     )
+
+
+def _program_shardings(graph: fx.Graph, arguments: list[str | None]) -> list[Any]:
+    """Every sharding the module will name: its arguments', its constraints' and the replicated pins of lowerings."""
+    found: list[Any] = [s for s in arguments if s is not None]
+    found += [n.meta["sharding"] for n in graph.nodes if n.op != "placeholder" and n.meta.get("sharding") is not None]
+    found.append("{replicated}")
+    return found
+
+
+def _user_meshes(graph: fx.Graph) -> list[tuple[Any, Any, Any]]:
+    """The meshes the inputs were marked on (``meta["mesh"]``: ``(mesh_shape, axis_names, device_ids)``), so the
+    Shardy mesh keeps the user's axis names."""
+    meshes: list[tuple[Any, Any, Any]] = []
+    for n in graph.nodes:
+        mesh = n.meta.get("mesh")
+        if mesh is not None and mesh not in meshes:
+            meshes.append(mesh)
+    return meshes
 
 
 def _rng_rows(graph: fx.Graph, traced: bool) -> dict[fx.Node, int]:
@@ -294,7 +324,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     _check_result(name, node, out, result)
     spec = sharding_string(node.meta.get("sharding"))
     if spec is not None and partitioned and isinstance(result, TensorValue):
-        result = _annotate(result, spec)
+        result = em.constrain(result, spec)
     return result
 
 
@@ -305,13 +335,6 @@ def _empty_result(em: Emitter, out: Any) -> Any:
         return None
     values = tuple(em.constant(0, o.dtype, tuple(o.shape)) for o in outs)
     return values if isinstance(out, (tuple, list)) else values[0]
-
-
-def _annotate(x: TensorValue, spec: str) -> TensorValue:
-    """Pin ``x``'s sharding with the ``@Sharding`` custom call the partitioner understands."""
-    op = hlo.CustomCallOp([x.value.type], [x.value], "Sharding")
-    op.attributes["mhlo.sharding"] = ir.StringAttr.get(spec)
-    return TensorValue(op.results[0], x.shape, x.dtype)
 
 
 def _check_result(name: str, node: fx.Node, out: Any, result: Any) -> None:
