@@ -133,7 +133,8 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
 
         plan = None
         if partitioned and options.partitioner == "shardy":
-            plan = plan_program(_program_shardings(graph, shardings), options.num_partitions, _user_meshes(graph))
+            plan = plan_program(_program_shardings(graph, shardings, arg_types), options.num_partitions,
+                                _user_meshes(graph))
         with ir.InsertionPoint(module.body):
             # Result types are known only after the body is built; start with none and fix up.
             fn = func.FuncOp("main", ir.FunctionType.get(arg_types, []))
@@ -196,11 +197,17 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
     )
 
 
-def _program_shardings(graph: fx.Graph, arguments: list[str | None]) -> list[Any]:
-    """Every sharding the module will name: its arguments', its constraints' and the replicated pins of lowerings."""
-    found: list[Any] = [s for s in arguments if s is not None]
-    found += [n.meta["sharding"] for n in graph.nodes if n.op != "placeholder" and n.meta.get("sharding") is not None]
-    found.append("{replicated}")
+def _program_shardings(graph: fx.Graph, arguments: list[str | None],
+                       arg_types: list[ir.RankedTensorType]) -> list[tuple[Any, tuple[int, ...] | None]]:
+    """Every sharding the module will name, with the shape it splits: its arguments', its constraints' and the
+    replicated pins of lowerings."""
+    found: list[tuple[Any, tuple[int, ...] | None]] = [
+        (s, tuple(ir.RankedTensorType(t).shape)) for s, t in zip(arguments, arg_types) if s is not None]
+    for n in graph.nodes:
+        if n.op != "placeholder" and n.meta.get("sharding") is not None:
+            val = node_value_meta(n)
+            found.append((n.meta["sharding"], tuple(val.shape) if isinstance(val, torch.Tensor) else None))
+    found.append(("{replicated}", None))
     return found
 
 

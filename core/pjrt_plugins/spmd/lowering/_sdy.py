@@ -28,14 +28,33 @@ def as_op_sharding(spec: OpSharding | str) -> OpSharding:
     return spec if isinstance(spec, OpSharding) else parse_sharding(spec)
 
 
-def plan_program(shardings: Iterable[OpSharding | str], num_devices: int,
+def plan_program(shardings: Iterable[tuple[OpSharding | str, Sequence[int] | None]], num_devices: int,
                  meshes: Sequence[tuple[Sequence[int], Sequence[str] | None, Sequence[int]]]) -> SdyPlan | None:
-    """The Shardy plan of a program's shardings, or None (logged) when it must keep GSPMD."""
+    """The Shardy plan of a program's shardings (each with the shape it splits, if known), or None (logged) when
+    it must keep GSPMD.
+
+    A dimension split unevenly keeps the program on GSPMD: Shardy drops the axes that do not divide it, so the
+    compiled program would want its arguments laid out otherwise than marked.
+    """
+    specs = []
     try:
-        return plan_sdy([as_op_sharding(s) for s in shardings], num_devices, meshes)
+        for s, shape in shardings:
+            spec = as_op_sharding(s)
+            _check_even(spec, shape)
+            specs.append(spec)
+        return plan_sdy(specs, num_devices, meshes)
     except ShardingError as exc:
         logger.info("this program keeps GSPMD shardings: %s", exc)
         return None
+
+
+def _check_even(spec: OpSharding, shape: Sequence[int] | None) -> None:
+    if shape is None or spec.rank is None or spec.rank != len(shape):
+        return
+    for d, (size, tiles) in enumerate(zip(shape, spec.tiles)):
+        if size % tiles:
+            raise ShardingError(f"dimension {d} of a {list(shape)} tensor is split unevenly ({size} into {tiles} "
+                                f"tiles) by {spec}")
 
 
 def add_mesh(module: ir.Module, plan: SdyPlan) -> None:
