@@ -13,11 +13,12 @@ import os
 import threading
 
 from ...runtime import shardy_refusal
-from ..devices import VirtualDevice
+from ..devices import VirtualDevice, virtual_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENV_PARTITIONER", "partitioner_for", "partitioner_mode", "set_partitioner", "shardy_probe_result"]
+__all__ = ["ENV_PARTITIONER", "get_partitioner", "partitioner_for", "partitioner_mode", "reset_partitioner_probes",
+           "set_partitioner", "shardy_probe_result"]
 
 ENV_PARTITIONER = "PJRT_PLUGINS_PARTITIONER"
 _MODES = ("auto", "shardy", "gspmd")
@@ -54,9 +55,21 @@ def partitioner_mode() -> str:
     return _check_mode(value, ENV_PARTITIONER) if value else "auto"
 
 
-def shardy_probe_result(vd: VirtualDevice, key: tuple) -> str | None:
-    """None when the plugin of ``vd`` partitions with Shardy, else why not (probed once per ``key``, the plugin's
-    identity and devices)."""
+def _probe_key(vd: VirtualDevice) -> tuple:
+    client = vd.client
+    return (getattr(vd.plugin, "name", None) or type(vd.plugin).__name__, str(getattr(client.library, "path", "")),
+            getattr(client, "platform_version", None), tuple(vd.device_assignment))
+
+
+def reset_partitioner_probes() -> None:
+    """Forget every plugin's probe answer (the next program asks its plugin again)."""
+    with _lock:
+        _probes.clear()
+
+
+def shardy_probe_result(vd: VirtualDevice) -> str | None:
+    """None when the plugin of ``vd`` partitions with Shardy, else why not (probed once per plugin and devices)."""
+    key = _probe_key(vd)
     with _lock:
         if key in _probes:
             return _probes[key]
@@ -68,12 +81,24 @@ def shardy_probe_result(vd: VirtualDevice, key: tuple) -> str | None:
     return reason
 
 
-def partitioner_for(vd: VirtualDevice, key: tuple) -> str:
-    """``"shardy"`` or ``"gspmd"``: what programs for ``vd`` (its plugin identified by ``key``) are lowered and
-    compiled for."""
+def partitioner_for(vd: VirtualDevice) -> str:
+    """``"shardy"`` or ``"gspmd"``: what programs for ``vd`` are lowered and compiled for."""
     mode = partitioner_mode()
     if mode != "auto":
         return mode
     if vd.num_devices < 2:
         return "gspmd"  # nothing to partition: no annotations are emitted
-    return "shardy" if shardy_probe_result(vd, key) is None else "gspmd"
+    return "shardy" if shardy_probe_result(vd) is None else "gspmd"
+
+
+def get_partitioner() -> str:
+    """The partitioner sharded programs of the current virtual device get: ``"shardy"`` or ``"gspmd"``.
+
+    A program whose shardings Shardy cannot express (manual or maximal ones, a dimension split unevenly)
+    still keeps GSPMD; ``execution.last_program().lowered.partitioner`` says what one program got.
+
+    Example::
+
+        xs.get_partitioner()   # "shardy" on the CPU plugin
+    """
+    return partitioner_for(virtual_device())

@@ -45,7 +45,7 @@ def lowering_options(vd: VirtualDevice) -> LoweringOptions:
         rng_algorithm=plugin.rng_default(),
         target_version=version,
         matmul_precision=torch.get_float32_matmul_precision(),
-        partitioner=partitioner_for(vd, plugin_identity(vd)) if len(vd.devices) > 1 else "gspmd",
+        partitioner=partitioner_for(vd) if len(vd.devices) > 1 else "gspmd",
     )
 
 

@@ -7,7 +7,7 @@ tensor class with the trace, so that recorded ops read pjrt tensors by their dat
 
 from __future__ import annotations
 
-from ..execution import clear_compile_cache, set_cache_dir
+from ..execution import clear_compile_cache, get_partitioner, set_cache_dir, set_partitioner
 from ..trace import last_run_timings, materialize, on_mark_sharding, pending_ops, register_tensor_type, sync
 from ._dispatch import dispatch, refresh_views
 from ._fallback import cpu_fallback_enabled, set_cpu_fallback
@@ -19,6 +19,7 @@ __all__ = [
     "cpu_fallback_enabled",
     "dispatch",
     "fused_step",
+    "get_partitioner",
     "last_run_timings",
     "materialize",
     "on_mark_sharding",
@@ -26,6 +27,7 @@ __all__ = [
     "refresh_views",
     "set_cache_dir",
     "set_cpu_fallback",
+    "set_partitioner",
     "sync",
 ]
 
