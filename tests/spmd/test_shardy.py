@@ -8,8 +8,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import pjrt_plugins.runtime._partitioner as runtime_partitioner
 import pjrt_plugins.spmd as xs
@@ -19,6 +21,8 @@ from pjrt_plugins.spmd import execution
 from pjrt_plugins.spmd.sharding import Mesh, OpSharding, plan_sdy
 
 from _exec_support import assert_close, engine  # noqa: F401
+from test_exec_training import _batches, _mlp, _shard_mlp, _train
+from test_models import GPT, _megatron
 from test_quiet_step import STEP
 
 DEPRECATION = "GSPMD sharding propagation is going to be deprecated"
@@ -59,7 +63,6 @@ def test_plan_without_a_user_mesh_derives_prime_axes_that_reproduce_every_tile_a
     names = [n for n, _ in plan.mesh.axes]
     ids = plan.mesh.device_ids or tuple(range(8))
     # Rebuild each tile assignment from the plan and compare (sorted within replication groups, as XLA lists them).
-    import numpy as np
     grid = np.array(ids).reshape(2, 2, 2)
     for spec in specs:
         dims = plan.sharding(spec).dims
@@ -150,3 +153,55 @@ def test_a_sharded_step_in_a_fresh_process_prints_no_gspmd_deprecation_line():
     assert gspmd.returncode == 0, gspmd.stderr
     assert DEPRECATION in gspmd.stderr
     assert shardy.stdout == gspmd.stdout
+
+
+# -- the same training on both partitioners -----------------------------------------------------------------
+
+
+def _on(name: str) -> None:
+    xs.set_partitioner(name)
+    execution.clear_compile_cache()
+
+
+def _megatron_mlp_run(name: str) -> tuple[list, list, list]:
+    _on(name)
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    model = _mlp().to("pjrt")
+    _shard_mlp(model, mesh)
+    losses = _train(model, _batches(2), device="pjrt", mesh=mesh, sync=True)
+    assert execution.last_program().lowered.partitioner == name
+    params = list(model.parameters())
+    return [loss.cpu() for loss in losses], [p.cpu() for p in params], [p.sharding_spec for p in params]
+
+
+def _gpt_adamw_run(name: str) -> tuple[list, list, list]:
+    _on(name)
+    torch.manual_seed(0)
+    model = GPT(layers=1).to("pjrt")
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    _megatron(model, mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(2):
+        idx, target = torch.randint(0, 64, (4, 8), generator=g), torch.randint(0, 64, (4, 8), generator=g)
+        idx_d = xs.mark_sharding(idx.to("pjrt"), mesh, ("data", None))
+        loss = F.cross_entropy(model(idx_d).flatten(0, 1), target.to("pjrt").flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xs.sync()
+        losses.append(loss.cpu())
+    assert execution.last_program().lowered.partitioner == name
+    params = list(model.parameters())
+    return losses, [p.cpu() for p in params], [p.sharding_spec for p in params]
+
+
+@pytest.mark.parametrize("run", [_megatron_mlp_run, _gpt_adamw_run], ids=["megatron_mlp_sgd", "gpt_adamw"])
+def test_training_gives_the_same_results_and_shardings_with_shardy_and_gspmd(engine, partitioner, run):
+    shardy, gspmd = run("shardy"), run("gspmd")
+    for i, (a, b) in enumerate(zip(shardy[0], gspmd[0])):
+        assert_close(f"loss {i}", a, b, rtol=1e-5, atol=1e-6)
+    for i, (a, b) in enumerate(zip(shardy[1], gspmd[1])):
+        assert_close(f"parameter {i}", a, b, rtol=1e-4, atol=1e-6)
+    assert shardy[2] == gspmd[2]  # what users read back (sharding_spec) does not change

@@ -7,6 +7,7 @@ Inputs carry sharding argument attributes and marked intermediates a sharding co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from collections.abc import Callable
@@ -179,6 +180,9 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         text = str(module)
         # Shardy's mesh and shardings are no StableHLO: the artifact carries them as they are.
         artifact = hlo.serialize_portable_artifact(module, version, allow_other_dialects=plan is not None)
+    if plan is not None and "mhlo.sharding" in text:  # a lowering wrote GSPMD annotations of its own
+        logger.info("this program keeps GSPMD shardings: a lowering annotated a value with mhlo.sharding")
+        return lower_graph(graph, dataclasses.replace(options, partitioner="gspmd"))
     logger.debug("lowered %d ops to StableHLO %s (%d bytes)", sum(counts.values()), version, len(artifact))
     return LoweredModule(
         text=text,
