@@ -205,3 +205,20 @@ def test_training_gives_the_same_results_and_shardings_with_shardy_and_gspmd(eng
     for i, (a, b) in enumerate(zip(shardy[1], gspmd[1])):
         assert_close(f"parameter {i}", a, b, rtol=1e-4, atol=1e-6)
     assert shardy[2] == gspmd[2]  # what users read back (sharding_spec) does not change
+
+
+def test_attention_products_keep_batch_and_heads_as_batch_dims_so_shardy_gathers_nothing(engine, partitioner):
+    # torch's matmul of (b, h, t, d) tensors is a bmm of (b*h, t, d) views: a merged dimension that no sharding of
+    # batch on "data" and heads on "model" can describe, which cost all-gathers. One dot_general keeps both.
+    torch.manual_seed(0)
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    q, k, v = (torch.randn(4, 8, 16, 8) for _ in range(3))
+    qd, kd, vd = (xs.mark_sharding(t.to("pjrt"), mesh, ("data", "model", None, None)) for t in (q, k, v))
+    out = ((qd @ kd.transpose(-2, -1)).softmax(-1) @ vd).cpu()
+    assert_close("attention", out, (q @ k.transpose(-2, -1)).softmax(-1) @ v, rtol=1e-5, atol=1e-5)
+    program = execution.last_program()
+    assert program.lowered.partitioner == "shardy"
+    assert "batching_dims = [0, 1] x [0, 1]" in program.lowered.text
+    assert "32x16x8" not in program.lowered.text  # no merged (b*h) operand is left in the module
+    hlo = program.executable.optimized_hlo_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo

@@ -21,7 +21,7 @@ def _matmul(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue) -> T
     cdt = compute_dtype(out.dtype)
     a, b = em.convert(a, cdt), em.convert(b, cdt)
     if a.rank == 3 and b.rank == 3:
-        r = em.dot_general(a, b, ((2,), (1,)), ((0,), (0,)))
+        r = em.batched_matmul(a, b)
     else:
         r = em.dot_general(a, b, ((a.rank - 1,), (0,)))
     return em.convert(r, out.dtype)

@@ -171,6 +171,7 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
                 if not isinstance(r, TensorValue):
                     raise LoweringError(f"graph output {leaf.name!r} is not a single tensor")
             func.ReturnOp([r.value for r in results])
+        em.erase_unused_merges()
         fn.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get(arg_types, [r.value.type for r in results])
         )
