@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 
 from ...runtime import shardy_refusal
 from ..devices import VirtualDevice, virtual_device
@@ -26,6 +27,9 @@ _lock = threading.Lock()
 _override: str | None = None
 #: plugin identity -> None (takes Shardy) or the reason it does not.
 _probes: dict[tuple, str | None] = {}
+#: The last virtual device asked about (weakly: a replaced one must not be kept alive) and its answer (each step
+#: asks: this keeps that to one comparison).
+_last: tuple[weakref.ref, str | None] | None = None
 
 
 def _check_mode(mode: str, where: str) -> str:
@@ -63,19 +67,25 @@ def _probe_key(vd: VirtualDevice) -> tuple:
 
 def reset_partitioner_probes() -> None:
     """Forget every plugin's probe answer (the next program asks its plugin again)."""
+    global _last
     with _lock:
         _probes.clear()
+        _last = None
 
 
 def shardy_probe_result(vd: VirtualDevice) -> str | None:
     """None when the plugin of ``vd`` partitions with Shardy, else why not (probed once per plugin and devices)."""
+    global _last
+    last = _last
+    if last is not None and last[0]() is vd:
+        return last[1]
     key = _probe_key(vd)
     with _lock:
-        if key in _probes:
-            return _probes[key]
-        reason = shardy_refusal(vd.client, list(vd.device_assignment))
+        known = key in _probes
+        reason = _probes[key] if known else shardy_refusal(vd.client, list(vd.device_assignment))
         _probes[key] = reason
-    if reason is not None:
+        _last = (weakref.ref(vd), reason)
+    if reason is not None and not known:
         name = getattr(vd.plugin, "name", None) or type(vd.plugin).__name__
         logger.warning("plugin %r compiles sharded programs with GSPMD: %s", name, reason)
     return reason
