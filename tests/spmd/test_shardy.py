@@ -18,9 +18,10 @@ import pjrt_plugins.spmd as xs
 from pjrt_plugins._native_logs import LOG_LEVEL_ENV, TPU_VARIABLES, XLA_VARIABLES
 from pjrt_plugins.errors import ShardingError
 from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd.lowering import LoweringOptions, lower_graph
 from pjrt_plugins.spmd.sharding import Mesh, OpSharding, plan_sdy
 
-from _exec_support import assert_close, engine  # noqa: F401
+from _exec_support import assert_close, engine, spec, trace  # noqa: F401
 from test_exec_training import _batches, _mlp, _shard_mlp, _train
 from test_models import GPT, _megatron
 from test_quiet_step import STEP
@@ -222,3 +223,35 @@ def test_attention_products_keep_batch_and_heads_as_batch_dims_so_shardy_gathers
     assert "32x16x8" not in program.lowered.text  # no merged (b*h) operand is left in the module
     hlo = program.executable.optimized_hlo_text()
     assert "all-gather" not in hlo and "all-to-all" not in hlo
+
+
+# -- programs that keep GSPMD -----------------------------------------------------------------------------
+
+
+def _lowered(fn, args, shardings, mark=None):
+    gm = trace(fn, *args)
+    for node, s in zip([n for n in gm.graph.nodes if n.op == "placeholder"], shardings):
+        node.meta["sharding"] = s
+    if mark is not None:
+        node = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+        node.meta["sharding"] = mark
+    return lower_graph(gm.graph, LoweringOptions(num_partitions=8, partitioner="shardy"))
+
+
+def test_lowering_for_shardy_without_a_user_mesh_and_with_a_marked_intermediate():
+    lowered = _lowered(lambda x: (x * 2).sum(0), [torch.randn(8, 8)], [spec(0, None)], mark=spec(None, 1))
+    assert lowered.partitioner == "shardy"
+    assert lowered.text.count("sdy.mesh") == 1 and "sdy.sharding_constraint" in lowered.text
+    assert lowered.input_shardings == [spec(0, None).to_hlo()]  # what the runtime reads stays in HLO form
+
+
+@pytest.mark.parametrize("case", ["maximal", "uneven"])
+def test_programs_shardy_cannot_express_keep_gspmd_with_the_reason_logged(case, caplog):
+    x = torch.randn(8, 8) if case == "maximal" else torch.randn(6, 8)
+    mark = OpSharding.maximal(0) if case == "maximal" else None
+    with caplog.at_level(logging.INFO, logger="pjrt_plugins.spmd.lowering"):
+        lowered = _lowered(lambda x: (x * 2).sum(0), [x], [spec(0, None) if case == "maximal" else spec(1, 0)],
+                           mark=mark)
+    assert lowered.partitioner == "gspmd"
+    assert "mhlo.sharding" in lowered.text and "sdy." not in lowered.text
+    assert "keeps GSPMD shardings" in caplog.text and ("maximal" if case == "maximal" else "unevenly") in caplog.text

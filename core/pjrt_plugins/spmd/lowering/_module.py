@@ -26,7 +26,7 @@ from ..sharding import OpSharding
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
-from ._sdy import add_mesh, argument_attrs, plan_program
+from ._sdy import ShardyUnavailable, add_mesh, argument_attrs, plan_program
 from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
@@ -97,8 +97,17 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
     """Lower ``graph`` (placeholders = inputs, output = results) to a StableHLO module.
 
     Raises :class:`UnsupportedOpError` naming the first operator with neither a lowering
-    nor a torch decomposition, and :class:`LoweringError` for inconsistent graphs.
+    nor a torch decomposition, and :class:`LoweringError` for inconsistent graphs. A Shardy
+    lowering that meets a sharding Shardy cannot express is done again for GSPMD (logged).
     """
+    try:
+        return _lower_graph(graph, options)
+    except ShardyUnavailable as exc:
+        logger.info("this program keeps GSPMD shardings: %s", exc)
+        return _lower_graph(graph, dataclasses.replace(options, partitioner="gspmd"))
+
+
+def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
     graph = expand_graph(graph)
     version = target_version(options.target_version)
     partitioned = options.num_partitions > 1
@@ -182,8 +191,7 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         # Shardy's mesh and shardings are no StableHLO: the artifact carries them as they are.
         artifact = hlo.serialize_portable_artifact(module, version, allow_other_dialects=plan is not None)
     if plan is not None and "mhlo.sharding" in text:  # a lowering wrote GSPMD annotations of its own
-        logger.info("this program keeps GSPMD shardings: a lowering annotated a value with mhlo.sharding")
-        return lower_graph(graph, dataclasses.replace(options, partitioner="gspmd"))
+        raise ShardyUnavailable("a lowering annotated a value with mhlo.sharding")
     logger.debug("lowered %d ops to StableHLO %s (%d bytes)", sum(counts.values()), version, len(artifact))
     return LoweredModule(
         text=text,
@@ -328,7 +336,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
         return empty
     try:
         result = fn(em, out, *args, **kwargs)
-    except (UnsupportedOpError, NotImplementedError):
+    except (UnsupportedOpError, NotImplementedError, ShardyUnavailable):
         raise
     except Exception as exc:
         raise LoweringError(f"lowering {name} (node {node.name}) failed: {type(exc).__name__}: {exc}") from exc

@@ -19,6 +19,11 @@ from ..sharding import OpSharding, SdyPlan, parse_sharding, plan_sdy
 
 logger = logging.getLogger(__name__)
 
+class ShardyUnavailable(ShardingError):
+    """A sharding met while lowering has no Shardy form on the program's mesh: the program is lowered again for
+    GSPMD."""
+
+
 #: The name of the program's one mesh.
 MESH_NAME = "mesh"
 PARTITIONERS = ("shardy", "gspmd")
@@ -68,7 +73,10 @@ def add_mesh(module: ir.Module, plan: SdyPlan) -> None:
 def sdy_sharding(plan: SdyPlan, spec: OpSharding | str, rank: int) -> ir.Attribute:
     """``#sdy.sharding<@mesh, [...]>`` of ``spec`` for a tensor of ``rank``: every dimension closed, as mark_sharding
     pins the whole layout (a ``None`` entry of the partition spec is a closed, replicated ``{}``)."""
-    dims = plan.sharding(as_op_sharding(spec)).dim_axes(rank)
+    try:
+        dims = plan.sharding(as_op_sharding(spec)).dim_axes(rank)
+    except ShardingError as exc:
+        raise ShardyUnavailable(str(exc)) from exc
     return sdy.TensorShardingAttr.get(
         MESH_NAME, [sdy.DimensionShardingAttr.get([sdy.AxisRefAttr.get(a) for a in axes], True) for axes in dims])
 

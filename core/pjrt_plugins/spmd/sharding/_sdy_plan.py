@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,8 +20,10 @@ from ._hlo_sharding import OpSharding, ShardingType
 
 __all__ = ["SdyMesh", "SdyPlan", "SdySharding", "plan_sdy"]
 
-#: Mesh axes searched at most (each sharding is matched by trying orders of these axes).
+#: Mesh axes searched at most, and orders of them tried per sharding (each sharding is matched by trying orders of
+#: the axes; a mesh of many small axes could otherwise take factorial time).
 _MAX_AXES = 10
+_MAX_ORDERS = 20_000
 
 
 @dataclass(frozen=True)
@@ -58,24 +60,37 @@ class SdySharding:
 
 
 @dataclass(frozen=True)
-class SdyPlan:
-    """The mesh of a program and the Shardy form of each of its HLO shardings."""
-
-    mesh: SdyMesh
-    shardings: dict[OpSharding, SdySharding]
-
-    def sharding(self, spec: OpSharding) -> SdySharding:
-        try:
-            return self.shardings[spec]
-        except KeyError:
-            raise ShardingError(f"internal: sharding {spec} was not planned for Shardy") from None
-
-
-@dataclass(frozen=True)
 class _Candidate:
     names: tuple[str, ...]
     sizes: tuple[int, ...]
     devices: np.ndarray  # shape == sizes
+
+
+@dataclass(frozen=True)
+class SdyPlan:
+    """The mesh of a program and the Shardy form of each of its HLO shardings.
+
+    A sharding not planned (met while lowering, e.g. inside a region) is expressed on the same mesh when it can
+    be; :class:`ShardingError` otherwise.
+    """
+
+    mesh: SdyMesh
+    shardings: dict[OpSharding, SdySharding]
+    _candidate: _Candidate | None = field(default=None, compare=False, repr=False)
+
+    def sharding(self, spec: OpSharding) -> SdySharding:
+        found = self.shardings.get(spec)
+        if found is not None:
+            return found
+        if spec.type is ShardingType.REPLICATED:
+            found = SdySharding(None)
+        elif spec.type in (ShardingType.TILED, ShardingType.PARTIAL) and self._candidate is not None:
+            dims = _express(self._candidate, spec)
+            found = SdySharding(dims) if dims is not None else None
+        if found is None:
+            raise ShardingError(f"sharding {spec} has no Shardy form on the program's mesh {self.mesh.text()}")
+        self.shardings[spec] = found
+        return found
 
 
 def plan_sdy(shardings: Iterable[OpSharding], num_devices: int,
@@ -118,7 +133,7 @@ def plan_sdy(shardings: Iterable[OpSharding], num_devices: int,
                 break
             found[spec] = SdySharding(dims)
         else:
-            return SdyPlan(_mesh_of(cand), found)
+            return SdyPlan(_mesh_of(cand), found, cand)
     detail = "; ".join(reasons[:3]) or "no mesh covers the devices"
     raise ShardingError(f"the program's shardings share no Shardy mesh of {num_devices} devices ({detail})")
 
@@ -160,7 +175,9 @@ def _express(cand: _Candidate, spec: OpSharding) -> tuple[tuple[str, ...], ...] 
     replication = spec.replication if spec.type is ShardingType.PARTIAL else 1
     axes = [i for i, s in enumerate(cand.sizes) if s > 1]
     want = np.array(spec.devices, dtype=np.int64)
-    for groups in _orders(axes, cand.sizes, list(tiles)):
+    for tried, groups in enumerate(_orders(axes, cand.sizes, list(tiles))):
+        if tried >= _MAX_ORDERS:
+            return None
         used = [a for g in groups for a in g]
         rest = [a for a in axes if a not in used]
         if math.prod(cand.sizes[a] for a in rest) != replication:
