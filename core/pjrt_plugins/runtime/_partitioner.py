@@ -33,7 +33,7 @@ module @shardy_probe attributes {{mhlo.num_partitions = {n} : i32, mhlo.num_repl
 
 
 def shardy_refusal(client: Any, device_ids: Sequence[int]) -> str | None:
-    """None when ``client`` partitions an ``sdy`` program over ``device_ids`` with Shardy, else the reason it does not."""
+    """None when ``client`` partitions an ``sdy`` program over ``device_ids`` with Shardy, else the reason not."""
     n = len(device_ids)
     program = SHARDY_PROBE_PROGRAM.format(n=n, length=2 * n)
     options = CompileOptions(num_partitions=n, use_spmd_partitioning=True, device_assignment=[list(device_ids)],

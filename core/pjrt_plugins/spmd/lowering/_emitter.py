@@ -11,14 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError
 from ..sharding import OpSharding, SdyPlan
-from ._mlir import is_unsigned, splat_attr, tensor_type
+from ._mlir import is_unsigned, padding_attr, splat_attr, tensor_type
 from ._sdy import constrain
 
 RNG_ALGORITHMS = {"default": "DEFAULT", "three_fry": "THREE_FRY", "philox": "PHILOX"}
@@ -378,6 +377,7 @@ class Emitter:
         stabilizing max, where a NaN reaches the result anyway).
         """
         dtype = x.dtype
+        init: Scalar
         if kind == "sum":
             init, fn = 0, hlo.add
         elif kind == "prod":
@@ -426,8 +426,7 @@ class Emitter:
         op = hlo.ReduceWindowOp(
             [tensor_type(shape, x.dtype)], [x.value], [init_value.value], window_dimensions=window,
             window_strides=strides,
-            padding=ir.DenseElementsAttr.get(np.asarray(padding, dtype=np.int64).reshape(-1, 2),
-                                             type=ir.IntegerType.get_signless(64)),
+            padding=padding_attr(padding),
         )
         block = op.regions[0].blocks.append(tensor_type((), x.dtype), tensor_type((), x.dtype))
         with ir.InsertionPoint(block):
@@ -443,10 +442,10 @@ class Emitter:
         if x.numel == 0:
             return list(inputs)
         window = [n if i == dim else 1 for i in range(x.rank)]
-        padding = np.asarray([[n - 1, 0] if i == dim else [0, 0] for i in range(x.rank)], dtype=np.int64)
+        padding = [(n - 1, 0) if i == dim else (0, 0) for i in range(x.rank)]
         op = hlo.ReduceWindowOp([tensor_type(t.shape, t.dtype) for t in inputs], [t.value for t in inputs],
                                 [i.value for i in inits], window_dimensions=window,
-                                padding=ir.DenseElementsAttr.get(padding, type=ir.IntegerType.get_signless(64)))
+                                padding=padding_attr(padding))
         scalar_types = [tensor_type((), t.dtype) for t in inputs]
         block = op.regions[0].blocks.append(*(scalar_types + scalar_types))
         with ir.InsertionPoint(block):

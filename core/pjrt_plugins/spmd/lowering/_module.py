@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
 from ..sharding import OpSharding
+from ._collectives import COLLECTIVES, FULL_TO_SHARD, SHARD_TO_FULL
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
@@ -30,6 +31,9 @@ from ._sdy import ShardyUnavailable, add_mesh, argument_attrs, plan_program
 from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
+
+#: Ops of manual-sharding regions: their lowerings write GSPMD's annotations, so such programs keep GSPMD.
+_MANUAL_OPS = frozenset({FULL_TO_SHARD, SHARD_TO_FULL, *COLLECTIVES})
 
 #: Dtype of the RNG keys: ``uint64[n, 2]``, one row (a ``rng_bit_generator`` state) per random op.
 RNG_KEY_DTYPE = torch.uint64
@@ -142,7 +146,11 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
                 raise LoweringError(f"graph outputs must be tensors, got {type(leaf).__name__}")
 
         plan = None
-        if partitioned and options.partitioner == "shardy":
+        manual = next((n for n in graph.nodes if n.op == "call_function" and n.target in _MANUAL_OPS), None)
+        if partitioned and options.partitioner == "shardy" and manual is not None:
+            logger.info("this program keeps GSPMD shardings: it has a manual-sharding region (%s)",
+                        op_name(manual.target))
+        elif partitioned and options.partitioner == "shardy":
             plan = plan_program(_program_shardings(graph, shardings, arg_types), options.num_partitions,
                                 _user_meshes(graph))
         with ir.InsertionPoint(module.body):
@@ -151,8 +159,8 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
             if partitioned:
                 ranks = [len(ir.RankedTensorType(t).shape) for t in arg_types]
-                fn.arg_attrs = argument_attrs(plan, [s for s in shardings if s is not None], ranks)
-            block = fn.add_entry_block()
+                fn.arg_attrs = argument_attrs(plan, [s or "{replicated}" for s in shardings], ranks)
+            block = fn.body.blocks.append(*arg_types)
         if plan is not None:
             add_mesh(module, plan)
         keys_arg = len(placeholders) if uses_rng else key_table
@@ -320,8 +328,8 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     if node.op != "call_function":
         raise LoweringError(f"unsupported graph node kind {node.op!r} ({node.name})")
     target = node.target
-    args = fx.node.map_arg(node.args, lambda n: env[n])
-    kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+    args: Any = fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs: Any = fx.node.map_arg(node.kwargs, lambda n: env[n])
     if target is operator.getitem:
         return args[0][args[1]]
     fn: Callable[..., Any] | None = LOWERINGS.get(target)

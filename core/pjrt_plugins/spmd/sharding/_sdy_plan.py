@@ -46,7 +46,7 @@ class SdyMesh:
 
 @dataclass(frozen=True)
 class SdySharding:
-    """The mesh axes splitting each tensor dimension (major to minor); ``None`` dims: a replicated sharding of any rank."""
+    """The mesh axes splitting each tensor dimension (major to minor); ``dims`` None: replicated, of any rank."""
 
     dims: tuple[tuple[str, ...], ...] | None
 
