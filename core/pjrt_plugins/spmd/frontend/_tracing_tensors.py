@@ -58,9 +58,10 @@ def inner_of(t: Any) -> torch.Tensor:
 
 
 def _check_view_layout(t: Any, data: TensorData) -> None:
-    """Refuse a view whose torch layout is not contiguous (``x[:, :n]``): a pjrt tensor reports contiguous
-    strides, and dynamo, which rebuilds a view input from its base, fails on the difference with an
-    internal error. Raised here, where dynamo first looks inside the tensor, the message says what to do."""
+    """Refuse a view whose torch layout is not contiguous from offset 0 (``x[:, :n]``, ``x[1:]``): a pjrt tensor
+    reports contiguous strides and no storage offset, and dynamo, which rebuilds a view input from its base,
+    fails on the difference with an internal error. Raised here, where dynamo first looks inside the tensor,
+    the message says what to do."""
     if data.view_of is None or not t._is_view() or TracingContext.try_get() is None:
         return  # only while dynamo traces: AOTAutograd's run time flattens views too (an expanded gradient)
     root_ref, chain = data.view_of
@@ -73,17 +74,21 @@ def _check_view_layout(t: Any, data: TensorData) -> None:
             layout = op(layout, *args)
     except Exception:  # noqa: BLE001 - a chain that does not replay on meta: leave it to dynamo
         return
-    if not layout.is_contiguous():
+    if not layout.is_contiguous() or layout.storage_offset() != 0:
         raise NotImplementedError(
             f"torch.compile on pjrt: an input is a view of another pjrt tensor ({tuple(t.shape)} of "
-            f"{tuple(root.shape)}, strides {layout.stride()} in torch's layout) that pjrt reports as contiguous; "
-            "pass a copy (x[:, :n].clone()) or take the view inside the compiled function")
+            f"{tuple(root.shape)}, strides {layout.stride()} and storage offset {layout.storage_offset()} in "
+            "torch's layout) that pjrt reports as contiguous from offset 0; pass a copy (x[1:].clone()) or pass "
+            "the whole tensor and take the view inside the compiled function")
 
 
-def linked(data: TensorData) -> torch.Tensor:
-    """A meta tensor standing for ``data`` where torch.compile expects an inner tensor."""
+def linked(data: TensorData, storage_offset: int = 0) -> torch.Tensor:
+    """A meta tensor standing for ``data`` where torch.compile expects an inner tensor. ``storage_offset``: the
+    one torch traced for it (a compiled function's output that is a view of an input, see :func:`outer_of`)."""
     inner = torch.empty(data.shape, dtype=data.dtype, device=_META)
     inner._pjrt_linked = data  # type: ignore[attr-defined]
+    if storage_offset:
+        inner._pjrt_storage_offset = storage_offset  # type: ignore[attr-defined]
     return inner
 
 
@@ -99,8 +104,9 @@ def outer_of(cls: type, inner: torch.Tensor, outer_size: Any, outer_stride: Any)
         raise RuntimeError(
             "pjrt tensors run under torch.compile only with backend=\"pjrt\" (or \"eager\"): another backend "
             "computed on the meta tensors that stand for them, which hold no values")
-    t: Any = torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=inner.dtype,
-                                            device=TORCH_DEVICE,
+    offset = getattr(inner, "_pjrt_storage_offset", 0) if data is not None else inner.storage_offset()
+    t: Any = torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, storage_offset=offset,
+                                            dtype=inner.dtype, device=TORCH_DEVICE,
                                             requires_grad=inner.requires_grad if data is None else False)
     t._pjrt_data = data
     if data is not None:
