@@ -38,7 +38,8 @@ def test_an_unknown_pjrt_device_fails_at_the_first_op_with_the_clis_error():
     message = cli_line.split("PluginNotFoundError: ", 1)[1]
     assert message.startswith("PJRT_DEVICE='no-such-device': no PJRT plugin named 'no-such-device'"), cli_line
     assert f"pjrt_plugins.errors.PluginNotFoundError: {message}" in proc.stderr
-    assert "the first use of the pjrt device" in proc.stderr
+    if sys.version_info >= (3, 11):  # exception notes
+        assert "the first use of the pjrt device" in proc.stderr
     frames = [line for line in proc.stderr.splitlines() if line.lstrip().startswith("File ")]
     assert len(frames) <= 3, "the traceback goes through the engine:\n" + proc.stderr
     for layer in ("trace", "transport", "execution", "devices"):

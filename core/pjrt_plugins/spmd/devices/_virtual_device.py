@@ -229,9 +229,10 @@ def virtual_device() -> VirtualDevice:
             try:
                 _current = _create()
             except PjrtPluginsError as error:  # no plugin, or one that cannot run here: say so at the first use
-                error.add_note("(raised at the first use of the pjrt device, which creates its client; choose "
-                               "the plugin with PJRT_DEVICE or pjrt_plugins.spmd.set_plugin, and see "
-                               "`pjrt-plugins devices` for what this machine has)")
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note("(raised at the first use of the pjrt device, which creates its client; "
+                                   "choose the plugin with PJRT_DEVICE or pjrt_plugins.spmd.set_plugin, and see "
+                                   "`pjrt-plugins devices` for what this machine has)")
                 error._pjrt_no_device = True  # type: ignore[attr-defined]
                 raise
         return _current
