@@ -345,13 +345,15 @@ def test_a_dynamic_graph_that_is_no_region_runs_op_by_op(engine, caplog):
 
 
 def test_a_view_input_torch_lays_out_otherwise_gets_a_clear_error(engine):
-    # A pjrt view reports contiguous strides; dynamo rebuilds a view input from its base and its internal
-    # check fails on x[:, :8], whose torch layout is not contiguous. The error says what to do instead.
+    # A pjrt view reports contiguous strides from offset 0; dynamo rebuilds a view input from its base and its
+    # internal check fails on x[:, :8] (not contiguous) and x[1:] (offset 16). The error says what to do instead.
     x = torch.randn(4, 16)
     xp = x.to("pjrt")
     double = torch.compile(lambda a: a * 2, backend="pjrt")
-    with pytest.raises(Exception, match=r"pass a copy \(x\[:, :n\]\.clone\(\)\) or take the view inside"):
-        double(xp[:, :8])
+    for view in (xp[:, :8], xp[1:], xp[2]):
+        with pytest.raises(Exception, match=r"pass a copy \(x\[1:\]\.clone\(\)\) or pass the whole tensor and "
+                                            r"take the view inside"):
+            double(view)
     assert_close("a copy", double(xp[:, :8].clone()).cpu(), x[:, :8] * 2)
     assert_close("rows", double(xp[:2]).cpu(), x[:2] * 2)  # a view laid out contiguously passes
     inside = torch.compile(lambda a, n: a[:, :n] * 2, backend="pjrt")

@@ -116,8 +116,8 @@ def _region_runner(plan: _RegionPlan) -> Callable[[list[Any]], list[Any]]:
         out: list[Any] = [None] * plan.num_outputs
         for position, value in plan.constants.items():
             out[position] = value
-        for position, data, is_plain in zip(plan.positions, results, plan.plain):
-            out[position] = wrap(data) if is_plain else linked(data)
+        for position, data, is_plain, traced in zip(plan.positions, results, plan.plain, plan.outputs):
+            out[position] = wrap(data) if is_plain else linked(data, traced.storage_offset())
         return out
 
     return run
@@ -299,6 +299,31 @@ def _output_devices(gm: fx.GraphModule) -> list[str | None]:
     return devices
 
 
+def _output_offsets(gm: fx.GraphModule) -> Callable[[Sequence[Any]], list[int]]:
+    """The storage offset torch traced for each output of ``gm`` (0 for what is not a tensor), as a function of
+    a call's arguments (an offset may depend on a dynamic size: ``x[n // 2:]``). Why: AOTAutograd makes an output
+    that is a view of an input (``x[1]``) again from that input with ``as_strided`` and the layout the compiled
+    function reports for it, so the results must report the traced offset (see ``outer_of``)."""
+    offsets: list[Any] = []
+    for leaf in _output_leaves(gm.graph)[1]:
+        value = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
+        offsets.append(value.storage_offset() if isinstance(value, torch.Tensor) else 0)
+    if all(isinstance(o, int) for o in offsets):
+        return lambda args: offsets
+    placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+    def concrete(args: Sequence[Any]) -> list[int]:
+        sizes: dict[Any, int] = {}  # each symbol of a traced size or integer argument: its value in this call
+        for traced, a in zip(placeholders, args):
+            pairs = zip(traced.shape, a.shape) if isinstance(traced, torch.Tensor) else [(traced, a)]
+            for t, n in pairs:
+                if isinstance(t, torch.SymInt):
+                    sizes[t.node.expr] = n
+        return [o if isinstance(o, int) else int(o.node.expr.xreplace(sizes)) for o in offsets]
+
+    return concrete
+
+
 def _output_leaves(graph: fx.Graph) -> tuple[fx.Node, list[Any]]:
     """The output node of an AOTAutograd graph and what it returns, one entry per output."""
     output = next(n for n in graph.nodes if n.op == "output")
@@ -312,7 +337,9 @@ def _as_meta(value: Any, what: str) -> torch.Tensor:
                                   "regions yet)")
     if any(not isinstance(s, int) for s in value.shape):
         raise NotImplementedError(f"{what} has a dynamic shape, which regions do not have yet")
-    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    offset = value.storage_offset()
+    return meta if offset == 0 else meta.as_strided(value.shape, value.stride(), offset)
 
 
 def _data_of(x: Any) -> Any:
@@ -341,6 +368,7 @@ def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
     """``gm`` run by the engine op by op (a graph that is not a region); what was traced on the meta device
     (the inner tensors) is made on pjrt."""
     devices = _output_devices(gm)
+    offsets = _output_offsets(gm)
     for node in gm.graph.nodes:
         if node.kwargs.get("device") == _META:
             node.kwargs = {**node.kwargs, "device": TORCH_DEVICE}
@@ -348,10 +376,12 @@ def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
 
     def run(args: list[Any]) -> list[Any]:
         tensors = [_pjrt_tensor(a) for a in args]
+        traced_offsets = offsets(args)
         args.clear()
         with torch.no_grad():
             results = gm(*tensors)
-        return [linked(r._pjrt_data) if device == "meta" else r for r, device in zip(results, devices)]
+        return [linked(r._pjrt_data, offset) if device == "meta" else r
+                for r, device, offset in zip(results, devices, traced_offsets)]
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -25,7 +25,8 @@ from ..sharding import Mesh, OpSharding, ShardingType
 from ..transport import TensorData, TensorState, download_shard, gather, host_empty, upload, upload_shards
 from . import _seam
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
-from ._tracing_tensors import inner_of, is_tracing, outer_of, trace_dispatch, tracing_tensors_alive
+from ._hooks import guard_hook, hook_errors_raised
+from ._tracing_tensors import EMPTY_STORAGE_BYTES, inner_of, is_tracing, outer_of, trace_dispatch, tracing_tensors_alive
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,17 @@ class XLAShardedTensor(torch.Tensor):
     _pjrt_data: TensorData
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    # Hooks run guarded, and backward() raises their errors (see _hooks: an error would abort the process).
+    def register_hook(self, hook: Any) -> Any:
+        return super().register_hook(guard_hook(hook))
+
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        return super().register_post_accumulate_grad_hook(guard_hook(hook))
+
+    def backward(self, *args: Any, **kwargs: Any) -> None:
+        with hook_errors_raised():
+            super().backward(*args, **kwargs)
 
     @staticmethod
     def __new__(cls, elem: Any, mesh_shape: Sequence[int] | None = None, partition_spec: Sequence[Any] | None = None,
@@ -342,6 +354,10 @@ class XLAShardedTensor(torch.Tensor):
                     return result
             return _route_to_engine(func, types, args, kwargs)
         except BaseException as error:
+            if getattr(error, "_pjrt_no_device", False) and torch._C._current_graph_task_id() == -1:
+                # No pjrt device (PJRT_DEVICE=garbage, no GPU): the devices layer's one-line error, without the
+                # engine's frames between the user's op and the device's creation.
+                raise error.with_traceback(None) from None
             if torch._C._current_graph_task_id() == -1:
                 raise
             if not getattr(error, "_pjrt_op_noted", False) and hasattr(error, "add_note"):  # Python 3.11+
@@ -409,8 +425,12 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
     Every traced op makes one. No strides given: torch makes the contiguous ones (in C, cheaper than passing
     them), which is what a pjrt tensor reports.
     """
-    r: Any = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
-                      requires_grad=requires_grad)
+    if 0 in data.shape:  # see EMPTY_STORAGE_BYTES
+        r: Any = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
+                               requires_grad=requires_grad, storage_size=EMPTY_STORAGE_BYTES)
+    else:
+        r = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
+                          requires_grad=requires_grad)
     r._pjrt_data = data
     return r
 
