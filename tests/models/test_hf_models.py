@@ -254,3 +254,28 @@ def test_llama_decodes_with_a_kv_cache_under_torch_compile_like_cpu_eager(cpu8, 
     assert xs.metrics().fallbacks == 0
     if kind == "static":  # the first decode step compiles its program, the others reuse it
         assert compiles[2:] == [0, 0], f"compiles per step: {compiles}"
+
+
+def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
+    """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, and once
+    warm, a longer answer compiles no more programs than a shorter one (the decode step is one program; only the
+    final ``input_ids`` of a new length is new)."""
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    ref = CASES["llama"].build().eval()
+    model = copy.deepcopy(ref).to("pjrt")
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    # No pad token in the prompt: transformers then drops the attention mask (a padded prompt's mask grows by one
+    # column per token and is read by every decode step: a program per token, docs/missing.md).
+    prompt = torch.randint(1, VOCAB, (BATCH, 5), generator=torch.Generator().manual_seed(1))
+    compiles = {}
+    for new_tokens in (4, 8, 16):
+        options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        want = ref.generate(prompt, **options)
+        before = xs.metrics().compiles
+        cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+        got = model.generate(_shard_batch({"input_ids": prompt}, mesh)["input_ids"], cache=cache, **options)
+        assert torch.equal(got.cpu(), want), f"{new_tokens} new tokens"
+        compiles[new_tokens] = xs.metrics().compiles - before
+    assert xs.metrics().fallbacks == 0
+    assert compiles[16] <= compiles[8] <= 2, f"programs compiled per generate call after the first: {compiles}"
