@@ -1,8 +1,8 @@
 """Dispatch overhead: run an already compiled 4-element add on one device and copy the result back.
 
 Compares pjrt_plugins.runtime on the CPU PJRT plugin with jax's jitted function on its own CPU
-backend, measured in the same run with the rounds interleaved (goal, issue 16: within 1.2x of jax;
-the earlier goal was 2x). A child process runs the same work on the runtime's Python path
+backend, measured in the same run with the rounds interleaved (goal: within 1.2x of jax; the earlier
+goal was 2x). A child process runs the same work on the runtime's Python path
 (PJRT_PLUGINS_FASTPATH=0, as without the fast-path library), to show what the compiled one saves;
 a second client in this process would slow the first (the plugin's threads), so it has its own.
 Optionally also a ctypes client (pypjrt) run by another interpreter: --pypjrt-python PATH.
@@ -28,7 +28,7 @@ from _measure import Table, cpu_plugin_library, interleaved_samples
 
 from pjrt_plugins.conform._programs import ADD_F32 as ADD
 
-GOAL = 1.2  # issue 16 (was 2)
+GOAL = 1.2  # ours / jax (see the module docstring)
 
 
 def pypjrt_median(python: str, library: str, rounds: int, iterations: int) -> float | None:

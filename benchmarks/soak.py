@@ -1,7 +1,7 @@
 """Soak: many consecutive sharded training steps on the CPU plugin's 8 devices, in steps per second.
 
-Issue 17: the MLP of spmd_mlp.py deadlocked in an all-reduce within about 20 steps on 2 cores and
-XLA aborted the process. Each job here is a child process that trains --steps steps (default 1000)
+Why: the MLP of spmd_mlp.py once deadlocked in an all-reduce within about 20 steps on 2 cores and
+XLA aborted the process (the Backends page of the docs, "The all-reduce deadlock"). Each job here is a child process that trains --steps steps (default 1000)
 with a ``loss.item()`` every 5 steps, after untimed warm-up steps (until one compiles nothing),
 bounded by --timeout, so a hang or an abort is reported as such, with the last step reached.
 The table gives each model's steps per second (mean over its jobs), the slowest timed step, and

@@ -6,7 +6,7 @@ compiled once. jax 0.10.2: the same model, shardings and update with ``jax.jit``
 on 8 host devices (``--xla_force_host_platform_device_count=8``) in a worker process (two XLA runtimes
 do not share a process); rounds interleave so machine load hits both. Reports steady-state step time,
 compiles per step and our per-step Python overhead (step time minus time inside the executable).
-Goal: step time at most 1.0x jax's, 0 compiles per step (the earlier goal was 1.3x).
+Goal: step time at most 1.0x jax's, 0 compiles per step (the earlier goal was 1.3x; docs/benchmarks.md).
 
 A second jax worker runs with ``--xla_cpu_experimental_ynn_fusion_type=`` (no YNNPACK fusions):
 jaxlib 0.10.2's XLA fuses the dots and reductions of this step into YNNPACK kernels, which the CPU
@@ -25,7 +25,7 @@ import time
 
 from _measure import JaxWorker, serve_commands
 
-GOAL = 1.0  # docs/benchmarks.md (was 1.3)
+GOAL = 1.0  # step time / jax's (see the module docstring)
 NO_YNN = "--xla_cpu_experimental_ynn_fusion_type="  # jaxlib's XLA then fuses as the CPU plugin's does
 LR = 0.01
 

@@ -1,13 +1,13 @@
 """The floor under any ``__torch_dispatch__`` tracer: the GPT step of ``gpt_step.py`` with a subclass that records nothing.
 
-Issue 16 asks for at most 15 us of Python per traced op. Part of every op's cost is not the tracer's:
+The goal is at most 15 us of Python per traced op (docs/benchmarks.md). Part of every op's cost is not the tracer's:
 torch's dispatcher, autograd (its engine runs the backward of a ``pjrt`` tensor on a device thread),
 the optimizer's Python and one ``_make_wrapper_subclass`` per result. This script measures that part
 on the same step, side by side with ours, by running the step on ``FloorTensor``: a wrapper subclass
 on the same ``pjrt`` device whose ``__torch_dispatch__`` only replays the result shapes of the call at
 the same position in the previous step (computed once on the meta device; no key is built) and makes
 the result wrappers: no graph, no lowering, no execution, no check that the step is the same.
-The table gives both per traced op of ours (the issue's unit) and per ``__torch_dispatch__`` call;
+The table gives both per traced op of ours (the goal's unit) and per ``__torch_dispatch__`` call;
 rounds interleave and the load is printed.
 
 Run: python benchmarks/tracing_floor.py [--d-model 64] [--layers 4] [--rounds 5] [--steps 5] [--fused]
@@ -25,7 +25,7 @@ from typing import Any
 import gpt_step
 from _measure import Table
 
-GOAL_US_PER_OP = 15.0  # docs/benchmarks.md
+GOAL_US_PER_OP = 15.0  # of Python per traced op (see the module docstring)
 
 
 def floor_tensor_type() -> type:

@@ -5,13 +5,18 @@ Importing this package registers every installed backend (entry-point group
 is imported until that plugin is asked for, no library is opened, and torch, numpy and
 cffi are not imported. Set ``PJRT_PLUGINS_AUTOLOAD=0`` to skip that and call
 :func:`discover_plugins` yourself.
+
+The layer of the public names, above the hook contract and discovery: it may import those and
+the foundation (errors, options, environment), but loads the runtime, pluggy and ``options``
+only on first use (``__getattr__``), and never imports the tools, the integrations or ``spmd``.
+Every layer and what it may import is in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._defaults import env_bool, env_int, env_value
+from ._env import env_bool, env_int, env_value
 from ._library_lookup import find_library, installed_library
 from ._plugin import DevicePlugin
 from ._registry import (
@@ -29,6 +34,8 @@ from ._marker import hookimpl
 from .errors import (
     ApiVersionError,
     BufferViewedError,
+    CheckpointError,
+    CheckpointMismatchError,
     ClientClosedError,
     CompileCacheWarning,
     CpuFallbackWarning,
@@ -39,6 +46,7 @@ from .errors import (
     InputShardingError,
     LibraryLoadError,
     LoweringError,
+    ManualShardingError,
     PjrtError,
     PjrtPluginsError,
     PlacementError,
@@ -62,6 +70,8 @@ from .errors import (
 __all__ = [
     "ApiVersionError",
     "BufferViewedError",
+    "CheckpointError",
+    "CheckpointMismatchError",
     "ClientClosedError",
     "CompileCacheWarning",
     "CpuFallbackWarning",
@@ -73,6 +83,7 @@ __all__ = [
     "InputShardingError",
     "LibraryLoadError",
     "LoweringError",
+    "ManualShardingError",
     "OptionType",
     "PjrtError",
     "PjrtPluginsError",
@@ -96,6 +107,7 @@ __all__ = [
     "autoload_enabled",
     "canonical_name",
     "create_client",
+    "create_client_for_plugin",
     "default_plugin",
     "discover_plugins",
     "env_bool",
@@ -115,7 +127,11 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # Loaded on first use, to keep `import pjrt_plugins` cheap: .options imports difflib and
-    # dataclasses, .hookspecs imports pluggy (and inspect).
+    # dataclasses, .hookspecs imports pluggy (and inspect), ._plugin_client the runtime (cffi, numpy).
+    if name == "create_client_for_plugin":
+        from ._plugin_client import create_client_for_plugin
+
+        return create_client_for_plugin
     if name == "OptionType":
         from .options import OptionType
 

@@ -115,11 +115,22 @@ def _entry_points(*groups: str) -> list[list[EntryPoint]]:
     wanted: dict[str, list[EntryPoint]] = {group: [] for group in groups}
     seen: set[str] = set()
     for dist in importlib.metadata.distributions():
-        name = getattr(dist, "_normalized_name", None) or distribution_name(dist) or ""
-        if name in seen:
+        try:
+            name = getattr(dist, "_normalized_name", None) or distribution_name(dist) or ""
+            if name in seen:
+                continue
+            seen.add(name)
+            entry_points = list(dist.entry_points)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:  # a symlink loop, a damaged file: skip that one
+            where = getattr(dist, "_path", None) or "an installed distribution"
+            warnings.warn(
+                f"pjrt_plugins: skipping {where}: its metadata cannot be read ({type(exc).__name__}: {exc}); "
+                "reinstall or remove it",
+                PluginWarning,
+                stacklevel=4,
+            )
             continue
-        seen.add(name)
-        for ep in dist.entry_points:
+        for ep in entry_points:
             bucket = wanted.get(ep.group)
             if bucket is not None:
                 bucket.append(ep)
@@ -172,7 +183,7 @@ def _jax_candidates(jax_eps: list[EntryPoint], backends: list[_Candidate]) -> tu
         return [], {}
     backend_dists = {c.distribution: c for c in backends if c.distribution}
     requirers: dict[str, _Candidate] = {}  # JAX package distribution -> the backend that requires it
-    for distribution, backend in sorted(backend_dists.items(), key=lambda item: item[1].name):
+    for _, backend in sorted(backend_dists.items(), key=lambda item: item[1].name):
         if backend.dist is not None:
             for required in _jax_plugins.required_distributions(backend.dist):
                 requirers.setdefault(required, backend)
@@ -238,7 +249,7 @@ class _SysPathOrder:
                 except OSError:
                     continue
         try:
-            location = Path(dist.locate_file("")).resolve()  # type: ignore[union-attr]
+            location = Path(dist.locate_file("")).resolve()  # type: ignore[union-attr, arg-type]
         except Exception:
             return len(sys.path)
         return self._index.get(location, len(sys.path))
@@ -255,7 +266,7 @@ def _rank(candidates: list[_Candidate], preferred: str | None, path_order: _SysP
     6. the alphabetically first distribution name, then entry-point value.
     """
 
-    def key(c: _Candidate) -> tuple:
+    def key(c: _Candidate) -> tuple[Any, ...]:
         return (
             c.library is None,
             not (preferred is not None and c.distribution == preferred),
@@ -346,7 +357,7 @@ def _record_for(candidate: _Candidate) -> PluginRecord:
     Only an environment-named library (no code of its own) is built now; an entry point
     whose value cannot name anything fails now, with a warning.
     """
-    common = dict(distribution=candidate.distribution, dist=candidate.dist, entry_name=_entry_name(candidate))
+    common: dict[str, Any] = dict(distribution=candidate.distribution, dist=candidate.dist, entry_name=_entry_name(candidate))
     if candidate.library is not None:
         try:
             plugin: DevicePlugin = make_library_plugin(candidate.library)

@@ -6,18 +6,20 @@ library that hangs or aborts is reported, never able to hang or kill the doctor.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
-from ._child_process import child_environment, describe_exit, private_stdout, output_tail, parse_event, python_command
-from ._child_process import emit as emit_event
+import pjrt_plugins
+
+from ._child_process import EventChannel, EventChild, describe_exit, open_channel, output_tail
+from ._discovery import discover_for_tools
+from .errors import UnsupportedFunctionError
 from ._registry import PluginRecord, plugin_record
 
 _MARK = "@@pjrt-plugins-doctor@@ "
-_channel: TextIO | None = None  # the child's private event channel (set by probe)
+_channel: EventChannel | None = None  # the child's private event channel (set in __main__)
 DEFAULT_TIMEOUT_S = 60.0
 STAGES = ("loaded", "available", "library", "api version", "client", "memory")
 
@@ -62,9 +64,10 @@ def diagnose(record: PluginRecord, *, timeout: float = DEFAULT_TIMEOUT_S, explic
         )
         report.status = "skipped"
         return report
-    report.checks.extend(_probe_in_child(record.name, timeout))
+    checks, cut_short = _probe_in_child(record.name, timeout)
+    report.checks.extend(checks)
     failed = [c for c in report.checks if c.ok is False]
-    unavailable = any(c.check == "available" and not c.detail.startswith("misconfigured:") for c in failed)
+    unavailable = not cut_short and any(c.check == "available" and not c.detail.startswith("misconfigured:") for c in failed)
     # An unavailable plugin's library stage fails for the same reason; that is not a second problem.
     if unavailable and all(c.check == "available" or c.detail.startswith("PluginUnavailableError") for c in failed):
         report.status = "unavailable"
@@ -79,19 +82,17 @@ def _hint_of(error: BaseException | None) -> str:
     return hint.strip() if sep else ""
 
 
-def _probe_in_child(name: str, timeout: float) -> list[Check]:
-    command = python_command("pjrt_plugins._doctor", name)
+def _probe_in_child(name: str, timeout: float) -> tuple[list[Check], bool]:
+    """The checks the child reported, and whether it was cut short (hung, crashed or exited early)."""
     started = time.monotonic()
+    child = EventChild("pjrt_plugins._doctor", name, mark=_MARK)
     try:
-        proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, env=child_environment(), stdin=subprocess.DEVNULL
-        )
-        stdout, stderr, returncode, timed_out = proc.stdout, proc.stderr, proc.returncode, False
-    except subprocess.TimeoutExpired as exc:
-        stdout = _text(exc.stdout)
-        stderr, returncode, timed_out = _text(exc.stderr), None, True
-    checks, current = _parse_child_output(stdout)
-    if timed_out:
+        checks, current, done = _read_checks(child.events(timeout, total=timeout))
+        returncode = child.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
+        stderr = child.stderr_text()
+    finally:
+        child.close()
+    if child.timed_out:
         checks.append(
             Check(
                 current or "loaded",
@@ -101,36 +102,48 @@ def _probe_in_child(name: str, timeout: float) -> list[Check]:
                 "raise --timeout if it is only slow, or pick another plugin with PJRT_DEVICE",
             )
         )
-    elif returncode != 0:
-        # A stage that never finished died with the process; otherwise it died on the way out.
+        return checks, True
+    if returncode != 0 or not done:
+        # A stage that never finished died with the process (even one that exited with status 0, as
+        # os._exit(0) in plugin code does); otherwise it died on the way out.
         stage = current or ("loaded" if not checks else "process exit")
-        checks.append(Check(stage, False, f"the process {describe_exit(returncode)}{output_tail(stderr)}", _crash_fix(returncode, name)))
-    return checks
+        early = "" if done else " before the checks finished"
+        detail = f"the process {describe_exit(returncode)}{early}{output_tail(stderr)}"
+        checks.append(Check(stage, False, detail, _crash_fix(returncode, name)))
+        return checks, True
+    return checks, False
 
 
-def _text(data: bytes | str | None) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
+_STAGE_NAMES = frozenset(STAGES)
 
 
-def _parse_child_output(stdout: str) -> tuple[list[Check], str | None]:
-    """The finished checks, and the stage that started but never finished (if any)."""
+def _read_checks(events: Any) -> tuple[list[Check], str | None, bool]:
+    """The finished checks, the stage that started but never finished (if any), and whether the probe ended."""
     checks: list[Check] = []
     current = None
-    for line in stdout.splitlines():
-        event = parse_event(line, _MARK)
-        if event is None:
-            continue
+    for event in events:
+        if event == {"done": True}:
+            return checks, current, True
         if "start" in event:
-            current = str(event["start"])
+            current = str(event["start"]) if event["start"] in _STAGE_NAMES else current
             continue
-        try:
-            checks.append(Check(**event))
-        except TypeError:  # not one of ours: ignore it, as any other stray line
+        check = _checked(event)
+        if check is None:  # not one of ours: ignore it, as any other stray line
             continue
+        checks.append(check)
         current = None
-    return checks, current
+    return checks, current, False
+
+
+def _checked(event: dict[str, Any]) -> Check | None:
+    """A Check from an event whose fields all have their types, else ``None``."""
+    if set(event) - {"check", "ok", "detail", "fix"} or event.get("check") not in _STAGE_NAMES:
+        return None
+    if event.get("ok") not in (True, False, None):
+        return None
+    if not all(isinstance(event.get(key, ""), str) for key in ("detail", "fix")):
+        return None
+    return Check(**event)
 
 
 def _crash_fix(returncode: int, name: str) -> str:
@@ -146,7 +159,10 @@ def _crash_fix(returncode: int, name: str) -> str:
 
 
 def _emit(**event: Any) -> None:
-    emit_event(_channel if _channel is not None else sys.stdout, _MARK, **event)
+    global _channel
+    if _channel is None:
+        _channel = open_channel()
+    _channel.emit(_MARK, **event)
 
 
 def _run_stage(stage: str, action: Any, fix: str) -> Any:
@@ -161,11 +177,7 @@ def _run_stage(stage: str, action: Any, fix: str) -> Any:
 
 
 def probe(name: str) -> None:
-    """Run the checks for ``name`` in this (child) process, reporting each on stdout."""
-    import pjrt_plugins
-
-    from ._discovery import discover_for_tools
-
+    """Run the checks for ``name`` in this (child) process, reporting each on its event channel."""
     discover_for_tools()
     _emit(start="loaded")
     try:
@@ -178,8 +190,8 @@ def probe(name: str) -> None:
         _emit(check="loaded", ok=False, detail=f"{type(exc).__name__}: {exc}", fix=_hint_of(exc))
         return
     _emit(check="loaded", ok=True, detail=type(getattr(plugin, "wrapped", plugin)).__qualname__)
-    reason, misconfigured = plugin._availability()
     _emit(start="available")
+    reason, misconfigured = plugin._availability()
     if misconfigured is not None:
         fix = "fix or unset the setting named above; default selection stops at this plugin until then"
     else:
@@ -192,7 +204,7 @@ def probe(name: str) -> None:
         return
 
     def api_version() -> tuple[bool, str, Any]:
-        from .runtime import load_library
+        from .runtime import load_library  # the lazy seam: only the doctor's child loads the runtime
 
         major, minor = load_library(path).api_version
         return True, f"{major}.{minor}", (major, minor)
@@ -230,8 +242,6 @@ def probe(name: str) -> None:
 
 def _memory_check(client: Any) -> dict[str, Any]:
     """The ``memory`` check: the first addressable device's memory statistics (skipped where the plugin has none)."""
-    from .errors import UnsupportedFunctionError
-
     devices = client.addressable_devices
     if not devices:
         return {"check": "memory", "ok": None, "detail": "skipped: no addressable device", "fix": ""}
@@ -261,5 +271,6 @@ def _size(count: int) -> str:
 
 
 if __name__ == "__main__":  # python -m pjrt_plugins._doctor NAME
-    _channel = private_stdout()  # the plugin's own prints go to stderr, never among the events
+    _channel = open_channel()  # before any plugin code runs: what plugins print never reaches it
     probe(sys.argv[1])
+    _emit(done=True)  # a probe that ends without it was cut short (os._exit in plugin code)

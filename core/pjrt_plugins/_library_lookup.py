@@ -69,5 +69,5 @@ def find_library(env_var: str, distributions: Iterable[tuple[str, str]]) -> str 
                 f"point it at the plugin's shared library, or unset it to use the installed one"
             )
         return str(path)
-    path = installed_library(distributions)
-    return str(path) if path is not None else None
+    installed = installed_library(distributions)
+    return str(installed) if installed is not None else None

@@ -11,9 +11,10 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-from ._defaults import library_problem
-from ._plugin import DevicePlugin
+from ._defaults import library_path_problem
 from ._marker import hookimpl
+from ._plugin import DevicePlugin
+from ._registry import registered_plugins
 
 LIBRARY_PATH_VAR = "PJRT_LIBRARY_PATH"
 NAMES_AND_PATHS_VAR = "PJRT_NAMES_AND_LIBRARY_PATHS"
@@ -56,8 +57,6 @@ class LibraryPlugin(DevicePlugin):
 
     def backend(self) -> DevicePlugin | None:
         """The installed backend whose library is this same file, or ``None`` (imports the installed plugins)."""
-        from ._registry import registered_plugins
-
         for plugin in registered_plugins().values():
             if plugin is self or isinstance(plugin, LibraryPlugin):
                 continue
@@ -106,9 +105,9 @@ def make_library_plugin(spec: LibrarySpec) -> LibraryPlugin:
     and optional ``create_options``.
     """
     path, options = spec.path, None
-    if path.endswith(".json") and library_problem(path) is None:
+    if path.endswith(".json") and library_path_problem(path) is None:
         path, options = _read_json_config(path)
-    problem = library_problem(path)
+    problem = library_path_problem(path)
     if problem is not None:
         raise ValueError(
             f"{spec.variable} names {spec.name!r} but {problem.removeprefix('its ')}; "

@@ -15,9 +15,14 @@ import os
 import sys
 from typing import Any
 
-from ._child_process import EventChild, describe_exit, emit, output_tail, private_stdout
-from ._registry import PluginRecord
+import pjrt_plugins
+
+from . import _registry
+from ._child_process import EventChild, describe_exit, emit, open_channel, output_tail
+from ._discovery import discover_for_tools
+from ._registry import PJRT_DEVICE_VAR, PluginRecord, plugin_record
 from ._torch_xla import torch_xla_name_note
+from .errors import PluginLoadError
 
 _MARK = "@@pjrt-plugins-list@@ "
 #: Seconds a plugin may take to import and answer its cheap hooks (``list --timeout``).
@@ -46,8 +51,6 @@ def _row(record: PluginRecord, status: str, reason: str | None, **facts: Any) ->
 
 def describe(record: PluginRecord) -> dict[str, Any]:
     """One row of `list` for ``record``, importing its plugin if needed (runs plugin code: child side)."""
-    import pjrt_plugins
-
     if record.on_request_only:
         return _row(record, "deferred", record.deferred_reason)
     try:
@@ -76,8 +79,6 @@ def shadowed_rows(record: PluginRecord) -> list[dict[str, Any]]:
 
 def plugin_rows(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict[str, Any]], str | None, dict[str, str] | None]:
     """Every row of `list`, the default plugin's name, and why there is none (``{"type", "message"}``) if so."""
-    import pjrt_plugins
-
     records = pjrt_plugins.plugin_records()  # metadata only: nothing is imported here
     by_name = {record.name: record for record in records}
     described: dict[str, dict[str, Any]] = {}
@@ -93,20 +94,25 @@ def plugin_rows(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict[str, Any]
         for event in child.events(limit):
             child.limit = timeout
             if "start" in event:
-                current = event["start"]
-            elif isinstance(event.get("row"), dict) and event["row"].get("name") in by_name:
-                row = event["row"]
+                current = event["start"] if event["start"] in pending else None
+            elif "row" in event:
+                row = _checked_row(event["row"], by_name)
+                if row is None:
+                    continue
                 described[row["name"]] = row
                 if row["name"] in pending:
                     pending.remove(row["name"])
                 current = None
-            elif "default" in event:
-                default, default_error, finished = event["default"], event.get("error"), True
+            elif "default" in event and not finished:
+                default, default_error = _checked_default(event.get("default"), event.get("error"), by_name)
+                finished = True
         returncode = child.wait(timeout=10)
         why = f"timed out after {timeout:g} s" if child.timed_out else f"the process {describe_exit(returncode)}"
         why += output_tail(child.stderr_text(), lines=3)
         child.close()
         if finished:
+            for name in pending:  # the child ended without describing it: never a missing row
+                described[name] = _row(by_name[name], "failed", f"listing it failed: {why}")
             break
         if current not in pending:  # died outside any plugin: at start-up, or choosing the default
             for name in pending:
@@ -126,14 +132,39 @@ def plugin_rows(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict[str, Any]
     return rows, default, default_error
 
 
+_STATUSES = frozenset({"available", "unavailable", "misconfigured", "failed", "deferred"})
+
+
+def _checked_row(row: Any, by_name: dict[str, PluginRecord]) -> dict[str, Any] | None:
+    """The row the child described, rebuilt from the parent's own record; ``None`` if it is not a row of ours.
+
+    Only what the child alone can know (status, reason, library path, priority) is taken
+    from it, each checked for its type; the name, distribution and version are the parent's.
+    """
+    if not isinstance(row, dict) or not isinstance(row.get("name"), str) or row["name"] not in by_name:
+        return None
+    status, reason, library, priority = row.get("status"), row.get("reason"), row.get("library_path"), row.get("priority")
+    if status not in _STATUSES or not isinstance(reason, (str, type(None))) or not isinstance(library, (str, type(None))):
+        return None
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        return None
+    return _row(by_name[row["name"]], status, reason, library_path=library, priority=priority)
+
+
+def _checked_default(name: Any, error: Any, by_name: dict[str, PluginRecord]) -> tuple[str | None, dict[str, str] | None]:
+    """The default plugin's name, or why there is none, as the child reported them (anything else: no default)."""
+    if isinstance(name, str) and name in by_name:
+        return name, None
+    if isinstance(error, dict) and all(isinstance(error.get(k), str) for k in ("type", "message")):
+        return None, {"type": error["type"], "message": error["message"]}
+    return None, {"type": "PluginLoadError", "message": "the listing process named no usable default plugin"}
+
+
 # -- child side ---------------------------------------------------------------------
 
 
 def _default() -> tuple[str | None, dict[str, str] | None]:
     """The name default_plugin() picks here, or why none can be picked."""
-    import pjrt_plugins
-    from ._registry import PJRT_DEVICE_VAR, plugin_record
-
     requested = os.environ.get(PJRT_DEVICE_VAR, "").strip()
     try:
         if requested:  # named: shown as the default without loading it (it may be PyTorch/XLA's)
@@ -147,18 +178,15 @@ def _default() -> tuple[str | None, dict[str, str] | None]:
 
 
 def main(plan: dict[str, Any]) -> None:
-    channel = private_stdout()  # plugin prints go to stderr
-    import pjrt_plugins
-    from . import _registry
-    from ._discovery import discover_for_tools
-    from .errors import PluginLoadError
-
+    # Before any plugin code runs (`import pjrt_plugins` above reads metadata only, no plugin
+    # module): what plugins print never reaches the channel.
+    channel = open_channel()
     discover_for_tools()
     for name, reason in plan.get("broken", {}).items():
         _registry.mark_failed(name, PluginLoadError(f"plugin {name!r}: {reason}"))
     for name in plan.get("names", []):
         emit(channel, _MARK, start=name)
-        emit(channel, _MARK, row=describe(pjrt_plugins._registry.plugin_record(name)))
+        emit(channel, _MARK, row=describe(plugin_record(name)))
     default, error = _default()
     emit(channel, _MARK, default=default, error=error)
 

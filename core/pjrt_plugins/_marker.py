@@ -8,7 +8,7 @@ when a plugin's hook manager is first built. Never import pluggy here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 PROJECT_NAME = "pjrt_plugins"
 #: The attribute pluggy's PluginManager reads a hook implementation's options from.
@@ -18,6 +18,7 @@ IMPL_ATTRIBUTE = PROJECT_NAME + "_impl"
 HOOK_NAMES = frozenset(
     {
         "pjrt_library_path",
+        "pjrt_library_missing_hint",
         "pjrt_client_option_schema",
         "pjrt_client_create_options",
         "pjrt_check_client_options",
@@ -45,6 +46,32 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 class HookimplMarker:
     """Decorator marking a method as a hook implementation (pluggy's options, pluggy's attribute)."""
 
+    @overload
+    def __call__(
+        self,
+        function: _F,
+        *,
+        hookwrapper: bool = ...,
+        optionalhook: bool = ...,
+        tryfirst: bool = ...,
+        trylast: bool = ...,
+        specname: str | None = ...,
+        wrapper: bool = ...,
+    ) -> _F: ...
+
+    @overload
+    def __call__(
+        self,
+        function: None = ...,
+        *,
+        hookwrapper: bool = ...,
+        optionalhook: bool = ...,
+        tryfirst: bool = ...,
+        trylast: bool = ...,
+        specname: str | None = ...,
+        wrapper: bool = ...,
+    ) -> Callable[[_F], _F]: ...
+
     def __call__(
         self,
         function: _F | None = None,
@@ -55,7 +82,7 @@ class HookimplMarker:
         trylast: bool = False,
         specname: str | None = None,
         wrapper: bool = False,
-    ) -> Any:
+    ) -> _F | Callable[[_F], _F]:
         options = {
             "wrapper": wrapper,
             "hookwrapper": hookwrapper,

@@ -14,7 +14,9 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._defaults import CoreDefaults, env_int, library_problem
+from ._defaults import CoreDefaults, library_path_problem
+from ._env import env_int
+from ._timeouts import checked_timeout
 from ._marker import HOOK_NAMES, IMPL_ATTRIBUTE, PROJECT_NAME
 from .errors import PluginConfigurationError, PluginUnavailableError
 
@@ -150,7 +152,7 @@ class DevicePlugin:
     @property
     def plugin_manager(self) -> pluggy.PluginManager:
         """This backend's own manager: core defaults, then the backend, then overrides."""
-        pm = self.__dict__.get("_pm")
+        pm: pluggy.PluginManager | None = self.__dict__.get("_pm")
         if pm is not None:
             return pm
         self._require_initialized()
@@ -202,10 +204,11 @@ class DevicePlugin:
     def library_path(self) -> str:
         """Absolute path of the PJRT library; raises PluginUnavailableError if there is none."""
         path = self.hook.pjrt_library_path()
-        problem = library_problem(path)
+        problem = self._library_problem(path)
         if problem is not None:
-            raise PluginUnavailableError(f"plugin {self._label}: {problem}. {self._fix_hint()}")
-        return os.fspath(path)
+            raise PluginUnavailableError(f"plugin {self._label}: {problem}")
+        fspath: str = os.fspath(path)
+        return fspath
 
     def client_create_options(self) -> dict[str, Any]:
         return dict(self.hook.pjrt_client_create_options() or {})
@@ -261,7 +264,10 @@ class DevicePlugin:
         return int(self.hook.pjrt_priority() or 0)
 
     def initialize_timeout(self) -> float:
-        return float(self.hook.pjrt_initialize_timeout())
+        """Seconds opening the library, initializing it and creating a client may take (the hook's answer, checked)."""
+        seconds = checked_timeout(self.hook.pjrt_initialize_timeout(), f"{self._label}'s pjrt_initialize_timeout", allow_none=False)
+        assert seconds is not None
+        return seconds
 
     def unavailable_reason(self) -> str | None:
         """Why this plugin cannot run here (cheap: no library is opened), or ``None``; never raises."""
@@ -278,12 +284,12 @@ class DevicePlugin:
 
     def _availability(self) -> tuple[str | None, PluginConfigurationError | None]:
         try:
+            problem = self._library_problem(self.hook.pjrt_library_path())  # first: nothing runs without it
+            if problem is not None:
+                return problem, None
             reason = self.hook.pjrt_unavailable_reason()
             if reason:
                 return str(reason), None
-            problem = library_problem(self.hook.pjrt_library_path())
-            if problem is not None:
-                return problem, None
             if self.physical_chip_count() <= 0:
                 return "no devices of this kind were found on this host", None
         except PluginConfigurationError as exc:
@@ -296,8 +302,23 @@ class DevicePlugin:
         return self.unavailable_reason() is None
 
     def preflight(self) -> None:
-        """Run the backend's pre-initialization checks; raises PluginUnavailableError."""
+        """Check that the library is there, then run the backend's pre-initialization checks.
+
+        Raises :class:`PluginUnavailableError` (a missing library, with the backend's
+        :func:`~pjrt_plugins.hookspecs.pjrt_library_missing_hint`, or the backend's own reason).
+        """
+        problem = self._library_problem(self.hook.pjrt_library_path())
+        if problem is not None:
+            raise PluginUnavailableError(f"plugin {self._label}: {problem}")
         self.hook.pjrt_preflight()
+
+    def _library_problem(self, path: str | os.PathLike[str] | None) -> str | None:
+        """Why ``path`` (the library hook's answer) is no library, with what to do about it, or ``None``."""
+        problem = library_path_problem(path)
+        if problem is None:
+            return None
+        hint = self.hook.pjrt_library_missing_hint() or self._fix_hint()
+        return f"{problem}; {hint}"
 
     def create_client(
         self,
@@ -311,7 +332,8 @@ class DevicePlugin:
         ``options`` are laid over :meth:`client_create_options` and checked
         against :meth:`option_schema` before the C call.
         """
-        from .runtime import create_client_for_plugin
+        # The lazy seam to the runtime: `import pjrt_plugins` must not load cffi and numpy.
+        from ._plugin_client import create_client_for_plugin
 
         return create_client_for_plugin(self, options, configure=configure, kv_store=kv_store)
 
@@ -322,7 +344,7 @@ class DevicePlugin:
 
     def _fix_hint(self) -> str:
         dist = f" ({self.distribution})" if self.distribution else ""
-        return f"Reinstall the plugin package{dist} or set the library path its documentation names."
+        return f"reinstall the plugin package{dist} or set the library path its documentation names"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} distribution={self.distribution!r}>"

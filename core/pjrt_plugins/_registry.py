@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._plugin import DevicePlugin
-from ._torch_xla import normalize_distribution_name
+from ._torch_xla import TorchXlaStylePlugin, looks_like_torch_xla_plugin, normalize_distribution_name
 from .errors import PluginConfigurationError, PluginLoadError, PluginNotFoundError, PluginUnavailableError, PluginWarning
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -196,8 +196,6 @@ def _coerce(plugin: Any) -> DevicePlugin:
     if isinstance(plugin, DevicePlugin):
         plugin._require_initialized()
         return plugin
-    from ._torch_xla import TorchXlaStylePlugin, looks_like_torch_xla_plugin
-
     if looks_like_torch_xla_plugin(plugin):
         return TorchXlaStylePlugin(plugin)
     raise TypeError(
@@ -302,7 +300,7 @@ def registered_plugins() -> dict[str, DevicePlugin]:
     """
     with _lock:
         _load_pending()
-        return {name: _records[name].plugin for name in sorted(_records) if _records[name].plugin is not None}
+        return {name: plugin for name in sorted(_records) if (plugin := _records[name].plugin) is not None}
 
 
 def _installed_listing() -> str:

@@ -9,7 +9,7 @@ import functools
 import importlib.metadata
 import re
 from importlib.metadata import Distribution
-from typing import Any
+from typing import Any, cast
 
 from ._plugin import DevicePlugin
 from ._marker import hookimpl
@@ -195,11 +195,11 @@ def torch_xla_contract_problems(obj: object, *, call_configure: bool = False) ->
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
             problems.append(f"{method}() returned {type(value).__name__} {value!r}, expected {names}")
         elif method == "client_create_options":
-            problems.extend(_option_problems(value))
+            problems.extend(_option_problems(cast("dict[object, object]", value)))
     return problems
 
 
-def _option_problems(options: dict) -> list[str]:
+def _option_problems(options: dict[object, object]) -> list[str]:
     problems = []
     for key, value in options.items():
         if not isinstance(key, str):

@@ -1,60 +1,103 @@
 """The `pjrt-plugins` command (also `python -m pjrt_plugins`): list, devices, doctor, and room for more.
 
 Exit status: 0 success; 1 the command ran and found a failure (plugin missing,
-broken or unavailable, client creation failed, doctor found a problem);
-2 usage error. Every command takes ``--json`` for machine-readable output.
+broken or unavailable, client creation failed, doctor found a problem), or its
+output could not be written; 2 usage error. Every command takes ``--json`` for
+machine-readable output, and ``--log-level`` (or ``-v`` before the command) shows
+the library's own log records.
+
+The top of the package: it may import every layer, but loads the runtime (cffi, numpy)
+only in the commands that open a library.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import math
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO, cast
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+import pjrt_plugins
+
+from . import _registry, errors
+from .errors import PjrtPluginsError, UnsupportedExtensionError
+from ._child_process import private_stdout
+from ._cli_common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    json_output,
+    parse_options,
+    print_json,
+    seconds,
+    set_json_output,
+    table,
+)
+from ._discovery import discover_for_tools
+from ._doctor import DEFAULT_TIMEOUT_S as DOCTOR_TIMEOUT_S
+from ._doctor import diagnose
+from ._listing import DEFAULT_TIMEOUT_S as LIST_TIMEOUT_S
+from ._listing import plugin_rows
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main", "parse_options", "print_json", "seconds"]
+
+#: ``--log-level`` values, and the level ``-v`` stands for.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+VERBOSE_LEVEL = "debug"
 
 #: Commands other modules provide: each module defines HELP, add_arguments(parser) and run(args) -> int.
 EXTENSION_COMMANDS: tuple[tuple[str, str], ...] = (
     ("conform", "pjrt_plugins.conform.cli"),
     ("new-plugin", "pjrt_plugins.conform.new_plugin"),
+    ("cache", "pjrt_plugins._cache_command"),
 )
 
 
-class UsageError(Exception):
-    """Bad command-line input found after parsing (exit status 2)."""
+class OutputError(Exception):
+    """Writing the command's output failed (a full disk, an I/O error): said on stderr, exit status 1."""
 
 
-def seconds(text: str) -> float:
-    """argparse type of a time limit: a finite number of seconds above zero (``inf``, ``nan``, ``0`` refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds above 0, e.g. 60")
-    return value
+class _GuardedOutput:
+    """A text stream whose write and flush failures become :class:`OutputError`.
+
+    So no handler can mistake them for its own failure (and try to report them on the
+    same output), and argparse, which ignores an OSError while printing help, cannot
+    lose them. A closed pipe stays a BrokenPipeError: the reader has what it wanted.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            written = self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from exc
+        return len(text) if written is None else int(written)  # some replacement streams return None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 # -- list ------------------------------------------------------------------------------
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    from pjrt_plugins._listing import plugin_rows
-
     rows, _default, _error = plugin_rows(args.timeout)
     if args.json:
         print_json({"plugins": rows, "installed_plugins_discovered": _installed_discovered()})
@@ -80,7 +123,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             said = [f"also named {', '.join(row['aliases'])}"] if row.get("aliases") else []
             said += [f"also {origin}" for origin in row.get("also", [])]
             names.append(f"  {row['name']}: " + "; ".join(said))
-    print(_table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
+    print(table(["NAME", "DISTRIBUTION", "LIBRARY", "PRIORITY", "STATUS"], table_rows))
     print("\n* = default plugin (PJRT_DEVICE, else the available plugin with the highest priority)")
     if not _installed_discovered():
         print("Installed plugins are not shown: PJRT_PLUGINS_AUTOLOAD is off.")
@@ -96,71 +139,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 # -- devices ---------------------------------------------------------------------------
 
 
-def _parse_value(name: str, raw: str, kind: Any) -> Any:
-    from pjrt_plugins.options import OptionType
-
-    try:
-        if kind is OptionType.INT64:
-            return int(raw, 0)
-        if kind is OptionType.FLOAT:
-            return float(raw)
-        if kind is OptionType.BOOL:
-            lowered = raw.strip().lower()
-            if lowered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError(raw)
-            return lowered in ("true", "1", "yes", "on")
-        if kind is OptionType.INT64_LIST:
-            return [int(part, 0) for part in raw.split(",") if part.strip()]
-        if kind is OptionType.STRING:
-            return raw
-    except ValueError:
-        raise UsageError(f"option {name}={raw!r}: expected {kind.name.lower()}") from None
-    # No schema: read the value as the most specific type that fits.
-    for convert in (lambda v: int(v, 0), float):
-        try:
-            return convert(raw)
-        except ValueError:
-            pass
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    if "," in raw:
-        try:
-            return [int(part, 0) for part in raw.split(",")]
-        except ValueError:
-            pass
-    return raw
-
-
-def parse_options(items: Sequence[str], schema: dict[str, Any] | None) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items:
-        name, sep, raw = item.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"option {item!r} is not KEY=VALUE")
-        name = name.strip()
-        kind = schema.get(name) if schema else None
-        if schema is not None and kind is None:
-            raise UsageError(f"unknown option {name!r}; this plugin takes: {', '.join(sorted(schema)) or '(none)'}")
-        options[name] = _parse_value(name, raw, kind)
-    return options
-
-
 def _installed_discovered() -> bool:
-    from pjrt_plugins import _registry
-
     return bool(_registry._state["discovered"])
 
 
 def _default_plugin(timeout: float) -> Any:
     """default_plugin(), with the choice made in a child: only the chosen plugin's code runs in this process."""
-    import os
-
-    import pjrt_plugins
-    from pjrt_plugins import errors
-    from pjrt_plugins._listing import plugin_rows
-    from pjrt_plugins._registry import PJRT_DEVICE_VAR
-
-    if os.environ.get(PJRT_DEVICE_VAR, "").strip():
+    if os.environ.get(_registry.PJRT_DEVICE_VAR, "").strip():
         return pjrt_plugins.default_plugin()
     _rows, name, error = plugin_rows(timeout)
     if name is None:
@@ -172,13 +157,10 @@ def _default_plugin(timeout: float) -> Any:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    import pjrt_plugins
-    from pjrt_plugins._listing import DEFAULT_TIMEOUT_S
-
-    plugin = pjrt_plugins.get_plugin(args.name) if args.name else _default_plugin(DEFAULT_TIMEOUT_S)
+    plugin = pjrt_plugins.get_plugin(args.name) if args.name else _default_plugin(LIST_TIMEOUT_S)
     options = parse_options(args.option or [], plugin.option_schema())
     path = plugin.library_path()
-    from pjrt_plugins.runtime import load_library
+    from .runtime import load_library  # the lazy seam: only the commands that open a library load the runtime
 
     major, minor = load_library(path, timeout=plugin.initialize_timeout()).api_version
     with plugin.create_client(options) as client:
@@ -213,7 +195,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print(f"process  {result['process_index']}\n")
     described = any(d["memory_descriptions"] for d in devices)
     print(
-        _table(
+        table(
             ["ID", "KIND", "PROCESS", "LOCAL HW ID", "ADDRESSABLE", "MEMORIES", *(["SUPPORTED KINDS"] if described else [])],
             [
                 [d["id"], d["kind"], d["process_index"], d["local_hardware_id"], d["addressable"], _kinds(d["memories"]),
@@ -231,8 +213,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _device_memories(device: Any) -> dict[str, Any]:
     """A device's memory spaces and the memory kinds it describes, for `devices` (errors as text)."""
-    from pjrt_plugins import PjrtPluginsError, UnsupportedExtensionError
-
     result: dict[str, Any] = {}
     try:
         default = device.default_memory.id if device.is_addressable else None
@@ -258,18 +238,14 @@ def _kinds(memories: list[dict[str, Any]]) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    import pjrt_plugins
-    from pjrt_plugins._doctor import diagnose
-    from pjrt_plugins._registry import plugin_record
-
     if args.names:
-        wanted = [plugin_record(name) for name in dict.fromkeys(args.names)]  # PluginNotFoundError lists what is installed
+        wanted = [_registry.plugin_record(name) for name in dict.fromkeys(args.names)]  # PluginNotFoundError lists what is installed
     else:
         wanted = pjrt_plugins.plugin_records()
     reports = []
     for record in wanted:
         if not args.json:
-            print(f"checking {record.name} ...", file=sys.stderr, flush=True)
+            _say(f"checking {record.name} ...")  # progress: a stderr that cannot be written must not stop the checks
         reports.append(diagnose(record, timeout=args.timeout, explicit=bool(args.names)))
     problems = [r for r in reports if r.status == "broken" or (args.names and r.status == "unavailable")]
     fastpath = _fastpath_state()
@@ -299,27 +275,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _fastpath_state() -> dict[str, Any]:
     """Whether the runtime runs its compiled fast path, and why not (a slower dispatch, not a fault)."""
-    import warnings
-
     with warnings.catch_warnings():  # doctor reports the reason itself
         warnings.simplefilter("ignore", RuntimeWarning)
-        from pjrt_plugins.runtime import _fastpath
+        from .runtime import _fastpath  # the lazy seam (see cmd_devices)
 
     return {"fastpath": _fastpath.library is not None, "reason": _fastpath.unavailable_reason}
 
 
+# -- logging ---------------------------------------------------------------------------
+
+_LOG_LEVEL_ARGS = ("--log-level",)
+_LOG_LEVEL_OPTIONS: dict[str, Any] = dict(
+    dest="log_level", choices=LOG_LEVELS, type=str.lower, metavar="LEVEL",
+    help=f"show the library's log records of this level and above on stderr ({', '.join(LOG_LEVELS)})",
+)
+
+
+def show_library_logs(level: str) -> None:
+    """Send pjrt_plugins' log records of ``level`` and above to stderr (other libraries stay at warnings).
+
+    Records of this process only: the checks that run in child processes report through their results.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("pjrt_plugins").setLevel(level.upper())
+
+
 # -- wiring ----------------------------------------------------------------------------
-
-
-_json_out: Any = None  # where --json output goes: the real stdout, kept apart from what plugin code prints
-
-
-def print_json(data: Any) -> None:
-    """Write ``--json`` output; extension commands use this too (sys.stdout carries plugin prints to stderr then)."""
-    out = _json_out or sys.stdout
-    json.dump(data, out, indent=2, default=str)
-    out.write("\n")
-    out.flush()
 
 
 def _add_extension_commands(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -336,18 +317,20 @@ def _add_extension_commands(subparsers: Any, common: argparse.ArgumentParser) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pjrt_plugins import __version__
-    from pjrt_plugins._doctor import DEFAULT_TIMEOUT_S as DOCTOR_TIMEOUT_S
-    from pjrt_plugins._listing import DEFAULT_TIMEOUT_S as LIST_TIMEOUT_S
-
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    common.add_argument(*_LOG_LEVEL_ARGS, **_LOG_LEVEL_OPTIONS, default=argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="pjrt-plugins",
         description="Inspect the PJRT device plugins installed in this Python environment.",
-        epilog="Exit status: 0 success, 1 a plugin or check failed, 2 usage error.",
+        epilog="Exit status: 0 success, 1 a plugin or check failed (or the output could not be written), 2 usage error.",
     )
-    parser.add_argument("--version", action="version", version=f"pjrt-plugins {__version__}")
+    parser.add_argument("--version", action="version", version=f"pjrt-plugins {pjrt_plugins.__version__}")
+    parser.add_argument(*_LOG_LEVEL_ARGS, **_LOG_LEVEL_OPTIONS, default=None)
+    parser.add_argument(
+        "-v", "--verbose", dest="log_level", action="store_const", const=VERBOSE_LEVEL,
+        help=f"show the library's debug log on stderr (--log-level {VERBOSE_LEVEL}); give it before the command",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = subparsers.add_parser("list", parents=[common], help="list plugins: name, distribution, library, priority, status")
@@ -382,38 +365,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status.
 
     A reader that stops early (``pjrt-plugins list | head -1``) ends the command quietly
-    with status 0, as it got what it asked for.
+    with status 0, as it got what it asked for. Output that cannot be written (a full
+    disk: ``> /dev/full``, or no standard output at all: ``>&-``) is said on stderr,
+    with status 1.
     """
+    if sys.stdout is None:  # started with descriptor 1 closed: no command can say anything
+        _say("pjrt-plugins: standard output is closed, so nothing could be shown; run it with an output "
+             "(a terminal, a file or a pipe)")
+        return EXIT_FAILURE
+    stdout = sys.stdout
+    sys.stdout = _GuardedOutput(stdout)
     try:
         status = _main(argv)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_OK
+    except OutputError as exc:
+        _discard_stdout()
+        _say(f"pjrt-plugins: cannot write the output: {exc}")
+        return EXIT_FAILURE
+    finally:
+        sys.stdout = stdout
     return status
+
+
+def _say(message: str) -> None:
+    """A line on stderr, if there is one to write to."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (AttributeError, OSError):
+        pass
 
 
 def _discard_stdout() -> None:
     """Point stdout (and the --json stream) at /dev/null so the interpreter's last flush cannot fail on the closed pipe again."""
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, _json_out):
+    for stream in (sys.stdout, json_output()):
         if stream is not None:
-            os.dup2(devnull, stream.fileno())
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):  # a stream without a descriptor (a test's capture): nothing to point
+                pass
     os.close(devnull)
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    global _json_out
-    import pjrt_plugins
-    from pjrt_plugins._child_process import private_stdout
-    from pjrt_plugins._discovery import discover_for_tools
-
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "json", False) and _json_out is None:
-        _json_out = private_stdout()  # a plugin printing at import lands on stderr, never in the JSON
+    if args.log_level is not None:
+        show_library_logs(args.log_level)
+    if getattr(args, "json", False) and json_output() is None:
+        set_json_output(cast(TextIO, _GuardedOutput(private_stdout())))  # a plugin printing at import lands on stderr, never in the JSON
     discover_for_tools()  # honours PJRT_PLUGINS_AUTOLOAD=0: then only environment-named libraries
     try:
         return int(args.handler(args))
@@ -432,7 +435,7 @@ def _fail(args: argparse.Namespace, exc: BaseException) -> int:
     if getattr(args, "json", False):
         print_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
     else:
-        print(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"pjrt-plugins {args.command}: {type(exc).__name__}: {exc}")
     return EXIT_FAILURE
 
 

@@ -43,7 +43,15 @@ class ApiVersionError(LibraryLoadError):
 
 
 class UnsupportedFunctionError(PjrtPluginsError, NotImplementedError):
-    """The plugin does not provide a C API function we need."""
+    """The plugin does not provide a C API function we need.
+
+    ``function`` names it, ``plugin_version`` is the plugin's ``(major, minor)`` and
+    ``added_in`` the version that added the function (each None where unknown).
+    """
+
+    function: str | None = None
+    plugin_version: tuple[int, int] | None = None
+    added_in: tuple[int, int] | None = None
 
 
 class UnsupportedExtensionError(PjrtPluginsError, NotImplementedError):
@@ -143,6 +151,15 @@ class ShardingConflictError(ShardingError, RuntimeError):
     """
 
 
+class ManualShardingError(ShardingError, RuntimeError):
+    """A tensor is used inside or outside a manual-sharding region where it cannot be: a collective or
+    ``disable_manual_sharding`` on a tensor that is not a value of a region, or ``enable_manual_sharding``
+    on one that already is.
+
+    Also a ``RuntimeError``, what PyTorch/XLA raises for a tensor that is not manual-sharded.
+    """
+
+
 class InputShardingError(ShardingError, RuntimeError):
     """A loaded batch does not fit the loader's ``input_sharding`` (a key without a spec, a spec of another
     rank, a batch size the devices do not divide); raised before any of the batch is uploaded.
@@ -223,3 +240,17 @@ class ExecutionStuckError(PjrtPluginsError, TimeoutError):
         self.waited = waited
         self.reason = reason
         super().__init__(message)
+
+
+class CheckpointError(PjrtPluginsError, RuntimeError):
+    """A checkpoint could not be saved or restored (``pjrt_plugins.spmd.distributed_checkpoint``).
+
+    Raised for a step the checkpoint manager does not track, a save that failed in the
+    background (re-raised by the next call, ``__cause__`` is the original error), and as the
+    base of :class:`CheckpointMismatchError`.
+    """
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A checkpoint does not fit the state dict it is loaded into: a missing key, another shape,
+    a tensor where the checkpoint holds an object (or the reverse), or a checkpoint of another model."""

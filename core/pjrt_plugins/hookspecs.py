@@ -29,8 +29,26 @@ def pjrt_library_path() -> str | os.PathLike[str] | None:
 
     Called when a client is first created, never at import. Resolve the path
     cheaply (look inside your installed package, honour an environment override)
-    and do not open the library. Return ``None`` if it cannot be found; the core
-    then reports the plugin as unavailable with :func:`pjrt_unavailable_reason`.
+    and do not open the library. Return ``None`` if it cannot be found: the core
+    then reports the plugin as unavailable, with :func:`pjrt_library_missing_hint`.
+    An override that names no file is a setting the user got wrong: raise
+    :class:`pjrt_plugins.PluginConfigurationError` (``find_library`` does).
+    """
+
+
+@hookspec(firstresult=True)
+def pjrt_library_missing_hint() -> str | None:
+    """What to do when the library is missing: the package to install, the variable to set.
+
+    The core owns what follows from a missing library, so a backend states only this.
+    When :func:`pjrt_library_path` returns ``None`` (or a path with no file behind it),
+    the plugin is unavailable with ``"its PJRT library could not be found; <hint>"``
+    (default selection skips it, ``pjrt-plugins list`` and ``doctor`` show why), and
+    creating a client raises :class:`pjrt_plugins.PluginUnavailableError` with the same
+    text before any other hook runs: :func:`pjrt_unavailable_reason` and
+    :func:`pjrt_preflight` may assume the library is there.
+    For example ``"run `pip install xla-cpu-pjrt` or set PJRT_CPU_LIBRARY_PATH"``.
+    Default: ``None`` (the core says to reinstall the plugin's distribution).
     """
 
 
@@ -194,8 +212,9 @@ def pjrt_priority() -> int | None:
 def pjrt_unavailable_reason() -> str | None:
     """Why the plugin cannot run here, with what to do, or ``None`` if it can.
 
-    Must be cheap: no library is opened. The core default reports a missing
-    library file and a physical chip count of 0. A setting the user got wrong is
+    Must be cheap: no library is opened. Called only when the library is there (the
+    core reports a missing one, see :func:`pjrt_library_missing_hint`); after it, the
+    core reports a physical chip count of 0. A setting the user got wrong is
     not a reason: raise :class:`pjrt_plugins.PluginConfigurationError` naming it
     (``find_library``, ``env_int``, ``env_bool`` and ``env_value`` do), so that
     default selection reports it instead of choosing another plugin.
@@ -208,7 +227,9 @@ def pjrt_preflight() -> None:
 
     Raise :class:`pjrt_plugins.PluginUnavailableError` with the reason and the
     fix. Use it when initializing without hardware would block or crash (libtpu
-    hangs for minutes off a TPU VM). Must return within a second. Every
+    hangs for minutes off a TPU VM). Runs after the configure hooks and after the
+    core found the library (a missing one stops creation first, see
+    :func:`pjrt_library_missing_hint`). Must return within a second. Every
     implementation runs.
     """
 

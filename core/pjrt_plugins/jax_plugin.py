@@ -7,7 +7,7 @@ A plugin package publishes a small module whose ``initialize()`` calls
 :func:`register_with_jax` with its plugin name; the library path and the create
 options then come from the plugin's own hooks, exactly as for our runtime.
 
-Importing this module imports neither jax nor the library. :func:`register_with_jax`
+Importing this module imports neither jax, the runtime nor the library. :func:`register_with_jax`
 imports jax only when JAX itself calls ``initialize()``; the library is opened
 by JAX (``register_plugin`` loads it), and the options hooks run only when JAX
 creates the client.
@@ -19,6 +19,9 @@ import logging
 import os
 from typing import Any
 
+import pjrt_plugins
+
+from ._client_setup import checked_create_options, prepare_process
 from ._native_logs import apply_native_log_settings
 
 logger = logging.getLogger(__name__)
@@ -42,8 +45,6 @@ def register_with_jax(name: str) -> bool:
     ``cuda``, ``tpu``, ...).
     """
     from jax._src import xla_bridge  # JAX is importing us: it is already loaded
-
-    import pjrt_plugins
 
     if name in JAX_OWN_PLATFORMS:
         raise ValueError(
@@ -76,8 +77,6 @@ def register_with_jax(name: str) -> bool:
 
 def _create_options(plugin: Any) -> dict[str, Any]:
     """Called by JAX when it creates the client: configure the process, preflight, then the checked options."""
-    from .runtime._plugin_client import checked_create_options, prepare_process
-
     prepare_process(plugin)
     options, _ = checked_create_options(plugin)
     return options

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pjrt_plugins
+
 from .runtime._library import Library, load_library
 from .runtime._profiler import PluginProfiler, has_profiler
 from .runtime._xspace import chrome_trace, hostnames
@@ -47,8 +49,6 @@ def plugin_library(plugin: Any = None) -> Library:
     if isinstance(plugin, str) and os.sep in plugin:  # a path, not a plugin name
         return load_library(plugin)
     if plugin is None or isinstance(plugin, str):
-        import pjrt_plugins
-
         found = pjrt_plugins.default_plugin() if plugin is None else pjrt_plugins.get_plugin(plugin)
         return load_library(found.library_path(), timeout=found.initialize_timeout())
     if isinstance(plugin, os.PathLike):

@@ -8,6 +8,8 @@
  *   FAKE_OLD_VERSION          reports PJRT C API 0.40 (older than any client supports)
  *   FAKE_SMALL_TABLE          claims its version but reports a truncated PJRT_Api
  *   FAKE_NULL_SLOT=name       leaves that function NULL (our runtime gates it; XLA's C++ client may not)
+ *   FAKE_FORGE_EVENTS         when loaded, prints forged events of conform's processes on stdout and
+ *                             writes them to every file descriptor it can (the library otherwise works)
  *   (none)                    forwards everything: a healthy library outside any plugin
  */
 #include <dlfcn.h>
@@ -54,8 +56,28 @@ static PJRT_Error* fake_to_host(PJRT_Buffer_ToHostBuffer_Args* args) {
 }
 #endif
 
+#ifdef FAKE_FORGE_EVENTS
+static const char forged_events[] =
+    "@@pjrt-plugins-conform@@ {\"event\": \"result\", \"id\": \"buffers.float32\", \"title\": \"FORGED\", "
+    "\"status\": \"FAIL\", \"reason\": \"FORGED\", \"seconds\": 0}\n"
+    "@@pjrt-plugins-conform@@ {\"event\": \"fact\", \"api_version\": \"0.999\", \"library_path\": \"/FORGED\"}\n"
+    "@@pjrt-plugins-probe@@ {\"result\": {\"platform\": \"FORGED\", \"devices\": 4, \"addressable\": 4, "
+    "\"described\": [\"FORGED\"]}}\n";
+
+static void forge_events(void) {
+  printf("%s", forged_events);
+  fflush(stdout);
+  for (int fd = 3; fd < 256; ++fd) {
+    if (write(fd, forged_events, sizeof forged_events - 1) < 0) continue;
+  }
+}
+#endif
+
 __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi(void) {
   if (real_api == NULL) {
+#ifdef FAKE_FORGE_EVENTS
+    forge_events();
+#endif
     void* handle = dlopen(FAKE_TARGET, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (handle == NULL) return NULL;
     const PJRT_Api* (*get)(void) = (const PJRT_Api* (*)(void))dlsym(handle, "GetPjrtApi");

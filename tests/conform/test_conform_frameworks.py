@@ -30,3 +30,16 @@ def test_a_null_slot_the_cpp_client_calls_is_a_fail_that_names_it(run_cli, null_
     assert report["frameworks.jax"] == ("SKIP", "needs frameworks.xla_client (FAIL)")
     assert report["process.exit"][0] == "PASS"  # the crash stayed in the probe's own process
     assert report["_raw"]["verdict"] == "defects"
+
+
+def test_a_library_printing_forged_events_changes_no_result(run_cli, fake_plugin):
+    # It prints the events of conform's check process and of the framework probe, and writes them
+    # to every descriptor it can: each process reports on a private channel, signed.
+    run = run_cli("conform", str(fake_plugin("FAKE_FORGE_EVENTS")), "--json")
+    report = run.report()
+    raw = report["_raw"]
+    assert raw["target"]["api_version"] != "0.999" and raw["target"]["library_path"] != "/FORGED", raw["target"]
+    assert report["buffers.float32"][0] == "PASS"
+    status, reason = report["frameworks.xla_client"]
+    assert status == "PASS" and "FORGED" not in reason and "'neuron'" in reason, reason
+    assert all("FORGED" not in check["title"] + check["reason"] for check in raw["checks"]), raw["checks"]

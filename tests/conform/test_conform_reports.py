@@ -114,3 +114,48 @@ def test_a_run_mostly_skipped_here_is_inconclusive_with_its_first_cause_not_conf
     assert ran.verdict == "conforms" and "=> conforms" in _describe(ran)
     failed = Report(target={"plugin": "x"}, checks=checks + [CheckResult("c", "", Status.FAIL, "boom")])
     assert failed.verdict == "defects" and failed.inconclusive_reason() is None
+
+
+def _report_file(tmp_path, name: str = "r.json") -> str:
+    report = Report({"argument": "x", "plugin": "x"}, [CheckResult("a", "A", Status.PASS)])
+    path = tmp_path / name
+    report.write(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"[" * 200_000 + b"]" * 200_000, "is JSON nested too deeply to be a conformance report"),
+        (b'{"format": "pjrt-plugins-conform/1", "checks": [' + b"[" * 50_000 + b"]" * 50_000 + b"]}",
+         "is JSON nested too deeply"),
+        (b"\xff\xfe not text", "is not UTF-8 text"),
+        (b'{"format": "pjrt-plugins-conform/1", "checks": [1, "two"]}', None),
+    ],
+    ids=["a deep list", "deep inside a report", "not UTF-8", "checks that are not objects"],
+)
+def test_diff_refuses_a_file_that_is_not_a_report_with_its_name(run_cli, tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    run = run_cli("conform", "--diff", str(bad), _report_file(tmp_path))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run
+    assert f"'{bad}'" in run.stderr and "ValueError" in run.stderr, run
+    assert message is None or message in run.stderr, run
+
+
+def test_diff_reads_at_most_a_report_sized_prefix_of_an_endless_file(run_cli, tmp_path):
+    run = run_cli("conform", "--diff", "/dev/zero", "/dev/zero", timeout=60)
+    assert run.returncode == 1 and "'/dev/zero' is larger than 16 MiB: not a conformance report" in run.stderr, run
+
+
+def test_diff_reads_reports_from_pipes(tmp_path):
+    import subprocess
+    import sys
+
+    report = _report_file(tmp_path)
+    result = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m pjrt_plugins conform --diff <(cat "{report}") "{report}" --json'],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["changes"] == []

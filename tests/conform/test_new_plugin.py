@@ -56,6 +56,7 @@ def test_the_generated_package_is_renamed_throughout(tmp_path):
     root, files = write_plugin("acme", tmp_path / "acme")
     relative = sorted(p.relative_to(root).as_posix() for p in files)
     assert "pjrt_plugin_acme/_plugin.py" in relative and "csrc/acme.h" in relative and "setup.py" in relative
+    assert "pjrt_plugin_acme/py.typed" in relative  # its annotations reach the vendor's users' type checkers
     for path in files:
         text = path.read_text().replace("from the stub_neuron template", "")  # pyproject's description
         if path.name != "README.md":
@@ -68,6 +69,7 @@ def test_the_generated_package_is_renamed_throughout(tmp_path):
         assert f'"{variable}"' in code, f"the README names {variable}, which the generated code never reads"
     pyproject = (root / "pyproject.toml").read_text()
     assert 'name = "pjrt-plugin-acme"' in pyproject and 'acme = "pjrt_plugin_acme:AcmePlugin"' in pyproject
+    assert 'version = {attr = "pjrt_plugin_acme.__version__"}' in pyproject  # one version source
     assert '"pjrt_plugin_acme.libpjrt_acme"' in (root / "setup.py").read_text()
     # visible to JAX too: its own jax_plugins entry point, registering under the new name
     assert '[project.entry-points.jax_plugins]\nacme = "pjrt_plugin_acme.jax_plugin"' in pyproject
@@ -155,7 +157,9 @@ def _pure_wheel_plugin(tmp_path: Path, library: Path) -> Path:
     (root / "setup.py").unlink()
     shutil.copyfile(library, root / "pjrt_plugin_acme_pure" / "libpjrt_acme_pure.so")
     pyproject = (root / "pyproject.toml").read_text()
-    (root / "pyproject.toml").write_text(pyproject + '\n[tool.setuptools.package-data]\npjrt_plugin_acme_pure = ["*.so"]\n')
+    typed = 'pjrt_plugin_acme_pure = ["py.typed"]'
+    assert typed in pyproject  # the template's package data, to which the library is added
+    (root / "pyproject.toml").write_text(pyproject.replace(typed, 'pjrt_plugin_acme_pure = ["py.typed", "*.so"]'))
     built = subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "dist"), str(root)],
                            capture_output=True, text=True, env=clean_env(), timeout=300)
     assert built.returncode == 0, built.stderr
@@ -180,3 +184,73 @@ def test_no_packaging_warning_for_platform_wheels_or_libraries_from_elsewhere(cp
     assert pure_wheel_warning("pjrt-plugin-cpu", cpu_library_path) is None  # the library is another wheel's
     assert pure_wheel_warning("pjrt-plugin-stub-neuron", stub_library) is None  # an editable checkout
     assert pure_wheel_warning("no-such-distribution", stub_library) is None
+
+
+# -- a template that is not what it seems ---------------------------------------------------
+
+
+@pytest.fixture
+def template_copy(tmp_path) -> Path:
+    """A copy of the real template (its files only), for a test to damage."""
+    from pjrt_plugins.conform._build_template import copy_template
+
+    copy = tmp_path / "template"
+    copy_template(find_template(), copy)
+    return copy
+
+
+@pytest.fixture
+def secret(tmp_path) -> Path:
+    path = tmp_path / "secret" / "shadow.h"
+    path.parent.mkdir()
+    path.write_text("root:SECRET-HASH:19000:0:99999:7:::\n")
+    return path
+
+
+def _refused(run_cli, template: Path, out: Path, *expected: str) -> None:
+    run = run_cli("new-plugin", "acme", "-d", str(out), "--template", str(template))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run
+    for text in expected:
+        assert text in run.stderr, run
+    assert not out.exists() or not any(out.rglob("*")), "nothing may be written from a refused template"
+
+
+def test_a_template_file_that_is_a_symlink_is_refused_by_name(run_cli, template_copy, secret, tmp_path):
+    (template_copy / "csrc" / "x.h").symlink_to(secret)
+    _refused(run_cli, template_copy, tmp_path / "out", "csrc/x.h", "symbolic link", str(secret))
+
+
+def test_a_template_directory_that_is_a_symlink_is_refused_by_name(run_cli, template_copy, secret, tmp_path):
+    shutil.rmtree(template_copy / "csrc")
+    (template_copy / "csrc").symlink_to(secret.parent)
+    _refused(run_cli, template_copy, tmp_path / "out", "csrc is a symbolic link", str(secret.parent))
+
+
+def test_a_template_file_that_is_a_fifo_is_refused_not_waited_on(run_cli, template_copy, tmp_path):
+    import os
+
+    os.mkfifo(template_copy / "csrc" / "pipe.c")
+    _refused(run_cli, template_copy, tmp_path / "out", "csrc/pipe.c", "not a regular file")
+
+
+def test_a_template_file_that_is_not_utf8_is_named(run_cli, template_copy, tmp_path):
+    (template_copy / "csrc" / "latin.c").write_bytes(b"/* caf\xe9 */\n")
+    _refused(run_cli, template_copy, tmp_path / "out", "csrc/latin.c", "not UTF-8")
+
+
+def test_a_template_file_too_large_is_refused_without_reading_it(template_copy, tmp_path):
+    from pjrt_plugins.conform.new_plugin import MAX_TEMPLATE_FILE_BYTES, TemplateFileError
+
+    with open(template_copy / "csrc" / "huge.c", "wb") as f:
+        f.truncate(20 << 30)  # sparse: 20 GiB that take no disk
+    with pytest.raises(TemplateFileError, match=r"csrc/huge\.c .* more than the 4 MiB"):
+        write_plugin("acme", tmp_path / "out", template=template_copy)
+    assert MAX_TEMPLATE_FILE_BYTES == 4 << 20
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_template_reached_through_a_symlink_is_still_read(template_copy, tmp_path):
+    link = tmp_path / "template-link"
+    link.symlink_to(template_copy)  # the --template argument itself may be a link: only what is inside counts
+    root, written = write_plugin("acme", tmp_path / "out", template=link)
+    assert (root / "csrc" / "api.c").is_file() and len(written) > 5

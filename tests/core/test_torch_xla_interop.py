@@ -181,7 +181,7 @@ def test_instances_subclass_torch_xla_base_when_fake_torch_xla_module_is_loaded(
 
 # -- against the real torch_xla 2.9, where a virtual environment with it is at hand -------------
 
-#: The python of a torch 2.9 + torch_xla 2.9 environment (tools/torch-xla-2.9-venv.sh beside the brief builds one).
+#: The python of a torch 2.9 + torch_xla 2.9 environment (a venv with torch==2.9.0 and torch_xla==2.9.0; too heavy for CI).
 TORCH_XLA_PYTHON_VAR = "PJRT_PLUGINS_TORCH_XLA_PYTHON"
 
 REAL_TORCH_XLA = """

@@ -116,6 +116,15 @@ def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(tmp_pat
     assert "must be a finite number of seconds above 0" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["list", "doctor", "conform cpu"])
+@pytest.mark.parametrize("value", ["9e18", "1e300"])
+def test_a_timeout_longer_than_the_platform_can_wait_is_a_usage_error(tmp_path, command, value):
+    """Such a limit used to reach threading's waits and end in an OverflowError traceback."""
+    result = run_script([*command.split(), "--timeout", value], cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "must be at most 9223372036 seconds" in result.stderr and "Traceback" not in result.stderr
+
+
 # -- look-alike names ----------------------------------------------------------------------
 
 

@@ -168,11 +168,12 @@ def _run_bounded(
     return result
 
 
-def read_results(out_dir: Path, scenario: str) -> dict[int, dict]:
-    results = {}
+def read_results(out_dir: Path, scenario: str) -> dict[int | str, dict]:
+    """What each worker wrote, by global rank (or by its PJRT_TEST_LABEL when the test gave one)."""
+    results: dict[int | str, dict] = {}
     for path in sorted(out_dir.glob(f"{scenario}.*.json")):
         data = json.loads(path.read_text())
-        results[int(data["rank"])] = data
+        results[data["label"] if data.get("label") else int(data["rank"])] = data
     return results
 
 

@@ -134,6 +134,10 @@ def test_the_store_timeout_comes_from_the_argument_then_the_environment(monkeypa
             distributed.store_timeout()
     with pytest.raises(DistributedSetupError, match="the timeout argument must be"):
         distributed.store_timeout(0)
+    # Longer than the platform can wait (timedelta and the store's own waits would overflow): the shared rule.
+    monkeypatch.setenv("PJRT_PLUGINS_STORE_TIMEOUT", "1e300")
+    with pytest.raises(DistributedSetupError, match=r"PJRT_PLUGINS_STORE_TIMEOUT='1e300' must be at most \d+ seconds"):
+        distributed.store_timeout()
 
 
 CHECK_IMPORTS = """

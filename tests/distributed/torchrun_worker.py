@@ -166,7 +166,90 @@ def scenario_dead_store(result: dict[str, Any]) -> None:
         result["after"] = describe_client(client)
 
 
+def _record_failure(result: dict[str, Any], error: BaseException) -> None:
+    result["error_type"] = type(error).__name__
+    result["message"] = getattr(error, "message", None) or str(error)
+    result["code"] = getattr(error, "code_name", None)
+
+
+def scenario_reach_store(result: dict[str, Any]) -> None:
+    """Only reach the job's store (PJRT_PLUGINS_STORE_TIMEOUT bounds it), timing the wait alone."""
+    import torch.distributed  # noqa: F401 - loaded before the clock starts
+
+    start = time.monotonic()
+    try:
+        distributed.default_store()
+    except pjrt_plugins.DistributedSetupError as error:
+        _record_failure(result, error)
+    result["elapsed_s"] = time.monotonic() - start
+
+
+def scenario_check_in(result: dict[str, Any]) -> None:
+    """Reach the store, wait PJRT_TEST_CREATE_DELAY_S (as processes of a job started seconds apart do),
+    then create the stub client; the error, if any, is recorded and the process goes on."""
+    import torch.distributed  # noqa: F401
+
+    delay = float(os.environ.get("PJRT_TEST_CREATE_DELAY_S", "0"))
+    try:
+        if int(os.environ["RANK"]) < int(os.environ["WORLD_SIZE"]):  # a rank outside the job has no store to reach
+            distributed.default_store()
+        time.sleep(delay)
+        start = time.monotonic()
+        with distributed.create_client("stub_neuron", {"kv_timeout_ms": 20000}) as client:
+            result["devices"] = len(client.devices)
+    except (pjrt_plugins.DistributedSetupError, PjrtError) as error:
+        _record_failure(result, error)
+    result["survived"] = True
+
+
+def scenario_peer_bound(result: dict[str, Any]) -> None:
+    """Rank 0 creates the stub client without kv_timeout_ms (the stub waits 30 s by default); rank 1 leaves."""
+    if int(os.environ["RANK"]) != 0:
+        result["left"] = True
+        return
+    import torch.distributed  # noqa: F401
+
+    start = time.monotonic()
+    try:
+        distributed.create_client("stub_neuron")
+    except (pjrt_plugins.DistributedSetupError, PjrtError) as error:
+        _record_failure(result, error)
+    result["elapsed_s"] = time.monotonic() - start
+
+
+def scenario_host_dies(result: dict[str, Any]) -> None:
+    """Rank 0 hosts the store and exits once rank 1 is connected; rank 1 then creates the stub client."""
+    import socket
+
+    store = distributed.default_store()
+    if int(os.environ["RANK"]) == 0:
+        from datetime import timedelta
+
+        store.wait(["test/connected"], timedelta(seconds=30))
+        os._exit(0)  # the store's host goes away, as a crashed rank 0 would
+    store.set("test/connected", "1")
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    for _ in range(300):  # until the port refuses connections: the host is gone
+        try:
+            socket.create_connection(address, timeout=1).close()
+        except ConnectionRefusedError:
+            break
+        time.sleep(0.1)
+    start = time.monotonic()
+    try:
+        distributed.create_client("stub_neuron", {"kv_timeout_ms": 20000})
+    except (pjrt_plugins.DistributedSetupError, PjrtError) as error:
+        _record_failure(result, error)
+    result["elapsed_s"] = time.monotonic() - start
+    with pjrt_plugins.get_plugin("stub_neuron").create_client(configure=False) as client:  # the process goes on
+        result["after"] = len(client.devices)
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "reach_store": scenario_reach_store,
+    "check_in": scenario_check_in,
+    "peer_bound": scenario_peer_bound,
+    "host_dies": scenario_host_dies,
     "exchange": scenario_exchange,
     "absent_peer": scenario_absent_peer,
     "two_hosts": scenario_two_hosts,
@@ -179,8 +262,10 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     (out_dir / f"pid.{rank}.{os.getpid()}").touch()  # lets the test kill this process by id
     faulthandler.dump_traceback_later(float(os.environ.get("PJRT_TEST_WORKER_WATCHDOG_S", "60")), exit=True)
+    label = os.environ.get("PJRT_TEST_LABEL")  # names the result when two processes share a rank
     result: dict[str, Any] = {
         "rank": rank,
+        "label": label,
         "env": {
             name: os.environ.get(name)
             for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
@@ -192,7 +277,7 @@ def main() -> int:
     except BaseException:  # noqa: BLE001 - reported to the test
         result["error"] = traceback.format_exc()
         status = 1
-    (out_dir / f"{scenario}.{rank}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out_dir / f"{scenario}.{label or rank}.json").write_text(json.dumps(result, indent=1, default=str))
     return status
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,11 @@ def test_the_wheelhouse_holds_a_checked_sdist_and_wheel_of_each_project(release_
     with zipfile.ZipFile(wheels["pjrt-plugins"]) as archive:
         assert "pjrt_plugins/conform/_template/csrc/api.c" in archive.namelist()
         assert "pjrt_plugins/runtime/libpjrt_plugins_fastpath.so" in archive.namelist()
+        # The checksum the runtime checks before it opens the library matches the repaired wheel's file.
+        library = archive.read("pjrt_plugins/runtime/libpjrt_plugins_fastpath.so")
+        recorded = archive.read("pjrt_plugins/runtime/libpjrt_plugins_fastpath.so.crc32").decode().strip()
+        assert recorded == f"size {len(library)} crc32 {zlib.crc32(library):08x}"
+        assert "pjrt_plugins/py.typed" in archive.namelist()
 
 
 def _rewrite_wheel(wheel: Path, target: Path, change) -> None:
@@ -54,7 +60,8 @@ def test_the_check_reports_each_kind_of_problem(release_wheelhouse, tmp_path):
     wheels = wheels_in(broken)
     # the native wheel as the build left it, before auditwheel: linux_x86_64
     stub = wheels["pjrt-plugin-stub-neuron"]
-    stub.rename(broken / "pjrt_plugin_stub_neuron-0.1.0-py3-none-linux_x86_64.whl")
+    name, version, python, abi, _platform = stub.stem.split("-")
+    stub.rename(broken / f"{name}-{version}-{python}-{abi}-linux_x86_64.whl")
     # a core wheel without the template, as a plain `python -m build` made before
     core = wheels["pjrt-plugins"]
     _rewrite_wheel(release_wheelhouse / core.name, core, lambda n, d: None if "/_template/" in n else d)

@@ -4,9 +4,8 @@ Each architecture comes from transformers or timm as a user would take it, built
 weights (no download). The copy on ``pjrt`` trains data-parallel (the batch sharded on an 8-device ``data`` axis,
 plain SGD so both steps run one program) and must follow its CPU twin step by step: the losses, the weights after
 the steps, then the logits in eval mode. Dropout is off in every config: the two sides draw different random masks.
-Every model runs with the CPU fallback off (any operator without a lowering fails the test), except Mixtral's
-default experts path, which calls ``aten._grouped_mm`` (not lowered yet, so it runs on the CPU) and is checked for
-its values only; its ``batched_mm`` experts path runs whole.
+Every model runs with the CPU fallback off (any operator without a lowering fails the test), Mixtral in both of its
+experts paths: the default one (``aten._grouped_mm``, forward and backward) and ``batched_mm``.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ class Case:
     batch: Callable[[torch.Generator], Batch]
     loss: Callable[[nn.Module, Batch], torch.Tensor]
     logits: Callable[[nn.Module, Batch], torch.Tensor]
-    cpu_fallback: bool = False  # whether operators may run on the CPU (the model is checked for its values only)
 
 
 def _tokens(g: torch.Generator) -> Batch:
@@ -104,8 +102,8 @@ CASES = {
     "qwen3": _causal_lm(transformers.Qwen3Config, head_dim=8, **DECODER),
     "gemma": _causal_lm(transformers.GemmaConfig, head_dim=8, **DECODER),
     "phi3": _causal_lm(transformers.Phi3Config, pad_token_id=0, **DECODER),
-    # transformers' default experts path (grouped_mm): aten._grouped_mm has no lowering yet (CPU fallback).
-    "mixtral": Case(_mixtral(), _tokens, _hf_loss, _hf_logits, cpu_fallback=True),
+    # transformers' default experts path (grouped_mm): aten._grouped_mm is lowered natively.
+    "mixtral": Case(_mixtral(), _tokens, _hf_loss, _hf_logits),
     # Every expert's weights gathered per token: static shapes, lowered whole.
     "mixtral-batched_mm": Case(_mixtral(experts_implementation="batched_mm"), _tokens, _hf_loss, _hf_logits),
     "bert": Case(lambda: transformers.BertForMaskedLM(transformers.BertConfig(
@@ -149,7 +147,7 @@ def _shard_batch(batch: Batch, mesh: xs.Mesh) -> Batch:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_trains_data_parallel_and_evaluates_like_cpu_eager(cpu8, name):
     case = CASES[name]
-    xs.set_cpu_fallback(case.cpu_fallback)
+    xs.set_cpu_fallback(False)  # an operator without a lowering fails the test
     torch.manual_seed(0)
     ref = case.build().train()
     model = copy.deepcopy(ref).to("pjrt")
@@ -179,8 +177,7 @@ def test_trains_data_parallel_and_evaluates_like_cpu_eager(cpu8, name):
         logits_ref = case.logits(ref, batch)
         logits = case.logits(model, _shard_batch(batch, mesh))
     assert_close(f"{name}: eval logits", logits.cpu(), logits_ref)
-    if not case.cpu_fallback:
-        assert xs.metrics().fallbacks == 0
+    assert xs.metrics().fallbacks == 0
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

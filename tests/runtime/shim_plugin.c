@@ -50,6 +50,14 @@
  *                          wall time) and collects them as an XSpace: plane "/device:SHIM:0",
  *                          line "Execute", events "shim_execute"; with SHIM_PROFILER_FAIL_START its
  *                          start fails with UNAVAILABLE "shim profiler: no tracer here"
+ * A plugin that lies: each reports success with an answer that cannot be used.
+ *   SHIM_NULL_DATA_POINTER PJRT_Buffer_OpaqueDeviceMemoryDataPointer gives NULL as the address
+ *   SHIM_NULL_OUTPUT       Execute leaves output 0 of its last device NULL (the real one destroyed)
+ *   SHIM_NULL_EXECUTABLE   Compile gives no executable (the real one destroyed)
+ *   SHIM_NULL_READY_EVENT  PJRT_Buffer_ReadyEvent gives no event (the real one destroyed)
+ *   SHIM_LYING_LISTS       Client_Devices gives its devices at NULL, AddressableDevices a count of
+ *                          (size_t)-1, LookupDevice a NULL device, Device_AddressableMemories a
+ *                          list holding NULL
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -683,6 +691,83 @@ static PJRT_Error* shim_profiled_execute(PJRT_LoadedExecutable_Execute_Args* arg
 }
 #endif
 
+#ifdef SHIM_NULL_DATA_POINTER
+static PJRT_Error* shim_null_data_pointer(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(args);
+  if (error == NULL) args->device_memory_ptr = NULL;
+  return error;
+}
+#endif
+
+#ifdef SHIM_NULL_OUTPUT
+static PJRT_Error* shim_null_output(PJRT_LoadedExecutable_Execute_Args* args) {
+  PJRT_Error* error = real_api->PJRT_LoadedExecutable_Execute(args);
+  if (error != NULL || args->num_devices == 0) return error;
+  PJRT_Buffer_Destroy_Args destroy;
+  memset(&destroy, 0, sizeof(destroy));
+  destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  destroy.buffer = args->output_lists[args->num_devices - 1][0];
+  real_api->PJRT_Buffer_Destroy(&destroy);
+  args->output_lists[args->num_devices - 1][0] = NULL;
+  return NULL;
+}
+#endif
+
+#ifdef SHIM_NULL_EXECUTABLE
+static PJRT_Error* shim_null_executable(PJRT_Client_Compile_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Client_Compile(args);
+  if (error != NULL) return error;
+  PJRT_LoadedExecutable_Destroy_Args destroy;
+  memset(&destroy, 0, sizeof(destroy));
+  destroy.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE;
+  destroy.executable = args->executable;
+  real_api->PJRT_LoadedExecutable_Destroy(&destroy);
+  args->executable = NULL;
+  return NULL;
+}
+#endif
+
+#ifdef SHIM_NULL_READY_EVENT
+static PJRT_Error* shim_null_ready_event(PJRT_Buffer_ReadyEvent_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Buffer_ReadyEvent(args);
+  if (error != NULL) return error;
+  PJRT_Event_Destroy_Args destroy;
+  memset(&destroy, 0, sizeof(destroy));
+  destroy.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+  destroy.event = args->event;
+  real_api->PJRT_Event_Destroy(&destroy);
+  args->event = NULL;
+  return NULL;
+}
+#endif
+
+#ifdef SHIM_LYING_LISTS
+static PJRT_Memory* lying_memories[1];
+static PJRT_Error* shim_lying_devices(PJRT_Client_Devices_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Client_Devices(args);
+  if (error == NULL) args->devices = NULL;
+  return error;
+}
+static PJRT_Error* shim_lying_addressable(PJRT_Client_AddressableDevices_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Client_AddressableDevices(args);
+  if (error == NULL) args->num_addressable_devices = (size_t)-1;
+  return error;
+}
+static PJRT_Error* shim_lying_lookup(PJRT_Client_LookupDevice_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Client_LookupDevice(args);
+  if (error == NULL) args->device = NULL;
+  return error;
+}
+static PJRT_Error* shim_lying_memories(PJRT_Device_AddressableMemories_Args* args) {
+  PJRT_Error* error = real_api->PJRT_Device_AddressableMemories(args);
+  if (error == NULL) {
+    args->memories = lying_memories;
+    args->num_memories = 1;
+  }
+  return error;
+}
+#endif
+
 const PJRT_Api* GetPjrtApi(void) {
 #ifdef SHIM_NULL_API
   return NULL;
@@ -799,6 +884,24 @@ const PJRT_Api* GetPjrtApi(void) {
 #endif
     shim_api.extension_start = chain;  /* instead of the real plugin's extensions */
   }
+#endif
+#ifdef SHIM_NULL_DATA_POINTER
+  shim_api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer = shim_null_data_pointer;
+#endif
+#ifdef SHIM_NULL_OUTPUT
+  shim_api.PJRT_LoadedExecutable_Execute = shim_null_output;
+#endif
+#ifdef SHIM_NULL_EXECUTABLE
+  shim_api.PJRT_Client_Compile = shim_null_executable;
+#endif
+#ifdef SHIM_NULL_READY_EVENT
+  shim_api.PJRT_Buffer_ReadyEvent = shim_null_ready_event;
+#endif
+#ifdef SHIM_LYING_LISTS
+  shim_api.PJRT_Client_Devices = shim_lying_devices;
+  shim_api.PJRT_Client_AddressableDevices = shim_lying_addressable;
+  shim_api.PJRT_Client_LookupDevice = shim_lying_lookup;
+  shim_api.PJRT_Device_AddressableMemories = shim_lying_memories;
 #endif
 #ifdef SHIM_OVERSTATE_TABLE
   for (size_t i = 0; i < sizeof(shim_table.tail) / sizeof(shim_table.tail[0]); i++) shim_table.tail[i] = &report[i];

@@ -256,7 +256,7 @@ def test_option_types_are_the_named_value_enum():
 def test_every_declared_type_is_resolved_at_import_so_args_never_parse(monkeypatch):
     """A finalizer (a buffer's ``__del__`` during a garbage collection) must not enter cffi's type
     parser, which holds a lock and is not re-entrant: every args struct comes from the table made at import."""
-    from pjrt_plugins.runtime._library import new_args
+    from pjrt_plugins.runtime import new_args
 
     assert set(_cdef.POINTER_CTYPES) == set(ffi.list_types()[0])
     assert all(_cdef.POINTER_CTYPES[name] is ffi.typeof(name + "*") for name in _cdef.STRUCT_SIZE)

@@ -19,7 +19,7 @@ import numpy as np
 import pjrt_plugins
 import pytest
 from pjrt_plugins.errors import PjrtError
-from pjrt_plugins.runtime import Client, CompileOptions, _buffer, _build_fastpath, _executable, _fastpath
+from pjrt_plugins.runtime import Client, CompileOptions, _build_fastpath, _executable, _fastpath, _pinning
 from pjrt_plugins.runtime._buffer import Buffer
 from pjrt_plugins.runtime._cdef import ffi
 from pjrt_plugins.runtime._events import ReadyEvents
@@ -228,15 +228,150 @@ def test_a_library_built_from_other_declarations_is_never_called(tmp_path, cpu_l
     library = site / "pjrt_plugins" / "runtime" / _fastpath.LIBRARY_FILE
     source = Path(_fastpath.__file__).parent / "csrc" / "fastpath.c"
     subprocess.run([gcc, "-shared", "-fPIC", "-O1", f"-I{include}", "-o", str(library), str(source)], check=True)
+    _build_fastpath.record_checksum(library)  # as the build does: the file itself is intact
     run = _run_from(site, cpu_library_path)
     assert run.returncode == 0, run.stderr
     assert "fast False" in run.stdout and "a stale build" in run.stderr
 
 
-def test_the_variable_turns_the_fast_path_off_quietly(tmp_path, cpu_library_path):
-    run = _run_from(Path(pjrt_plugins.__file__).parents[1], cpu_library_path, PJRT_PLUGINS_FASTPATH="0")
+@pytest.mark.parametrize("value", ["0", "false", "OFF", " no "])
+def test_the_variable_turns_the_fast_path_off_quietly(cpu_library_path, value):
+    run = _run_from(Path(pjrt_plugins.__file__).parents[1], cpu_library_path, PJRT_PLUGINS_FASTPATH=value)
     assert run.returncode == 0, run.stderr
     assert "fast False" in run.stdout and "RuntimeWarning" not in run.stderr
+
+
+@pytest.mark.parametrize("value", ["1", "True", "on", ""])
+def test_the_variable_leaves_the_fast_path_on(cpu_library_path, value):
+    run = _run_from(Path(pjrt_plugins.__file__).parents[1], cpu_library_path, PJRT_PLUGINS_FASTPATH=value)
+    assert run.returncode == 0, run.stderr
+    assert "fast True" in run.stdout and "RuntimeWarning" not in run.stderr
+
+
+def test_a_value_the_variable_cannot_have_warns_and_leaves_the_fast_path_on(cpu_library_path):
+    run = _run_from(Path(pjrt_plugins.__file__).parents[1], cpu_library_path, PJRT_PLUGINS_FASTPATH="fast please")
+    assert run.returncode == 0, run.stderr
+    assert "fast True" in run.stdout
+    assert "PJRT_PLUGINS_FASTPATH='fast please' is not a boolean (1/0, true/false, yes/no, on/off)" in run.stderr
+
+
+# -- a damaged or replaced library: checked before it is opened ------------------------------
+
+
+def _with_library(tmp_path: Path, library: Path | None = None, *, checksum: bool = True) -> Path:
+    """A package copy with ``library`` (default: the installed one) as its fast path, and the
+    installed build's checksum file unless ``checksum`` is False."""
+    site = _package_copy(tmp_path)
+    runtime = site / "pjrt_plugins" / "runtime"
+    installed = Path(_fastpath.__file__).with_name(_fastpath.LIBRARY_FILE)
+    shutil.copyfile(library or installed, runtime / _fastpath.LIBRARY_FILE)
+    recorded = runtime / (_fastpath.LIBRARY_FILE + ".crc32")
+    if checksum:
+        shutil.copyfile(installed.with_name(installed.name + ".crc32"), recorded)
+    elif recorded.exists():
+        recorded.unlink()
+    return site
+
+
+def test_an_intact_copy_of_the_library_runs_the_fast_path(tmp_path, cpu_library_path):
+    run = _run_from(_with_library(tmp_path), cpu_library_path)
+    assert run.returncode == 0, run.stderr
+    assert "fast True" in run.stdout and "RuntimeWarning" not in run.stderr
+
+
+def test_a_library_with_flipped_code_bytes_is_never_opened(tmp_path, cpu_library_path):
+    """Its checksum-of-declarations function made into an invalid instruction: calling it (as the
+    import did, right after dlopen) killed the process with SIGILL."""
+    from elftools.elf.elffile import ELFFile
+
+    installed = Path(_fastpath.__file__).with_name(_fastpath.LIBRARY_FILE)
+    data = bytearray(installed.read_bytes())
+    with installed.open("rb") as file:
+        elf = ELFFile(file)
+        symbol = elf.get_section_by_name(".dynsym").get_symbol_by_name("pjrtp_declarations_crc")[0]
+        address = symbol["st_value"]
+        segment = next(s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= address < s["p_vaddr"] + s["p_filesz"])
+        offset = address - segment["p_vaddr"] + segment["p_offset"]
+    data[offset : offset + 2] = b"\x0f\x0b"  # ud2
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(bytes(data))
+    run = _run_from(_with_library(tmp_path, damaged), cpu_library_path)
+    assert run.returncode == 0, f"the process {run.returncode}: {run.stderr[-2000:]}"
+    assert "fast False" in run.stdout and run.stderr.count("RuntimeWarning") == 1
+    assert "cannot be loaded: it is damaged or was replaced" in run.stderr
+
+
+def test_a_library_whose_constructor_aborts_is_never_opened(tmp_path, cpu_library_path, gcc):
+    """Another file in the library's place, whose constructor aborts: dlopen ran it and the process died."""
+    source = tmp_path / "aborts.c"
+    source.write_text(
+        "#include <stdlib.h>\n"
+        "__attribute__((constructor)) static void boom(void) { abort(); }\n"
+        "unsigned long pjrtp_declarations_crc(void) { return 0; }\n"
+    )
+    library = tmp_path / "aborts.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    run = _run_from(_with_library(tmp_path, library), cpu_library_path)
+    assert run.returncode == 0, f"the process {run.returncode}: {run.stderr[-2000:]}"
+    assert "fast False" in run.stdout and "it is damaged or was replaced" in run.stderr
+
+
+def test_a_library_without_its_checksum_is_never_opened(tmp_path, cpu_library_path):
+    run = _run_from(_with_library(tmp_path, checksum=False), cpu_library_path)
+    assert run.returncode == 0, run.stderr
+    assert "fast False" in run.stdout and "its build recorded no checksum" in run.stderr
+
+
+# -- the private functions check their arguments ------------------------------------------------
+
+
+CALLS_WITH_BAD_ARGUMENTS = r"""
+from pjrt_plugins.runtime import Client, _fastpath
+from pjrt_plugins.runtime._cdef import ffi
+from pjrt_plugins.runtime._events import ReadyEvents
+import sys
+lib = _fastpath.library
+assert lib is not None, _fastpath.unavailable_reason
+client = Client(sys.argv[1])
+ready = ReadyEvents(client._lib, 2)
+events = ffi.new("PJRT_Event*[]", 2)
+print("finish_ready NULL plan", lib.pjrtp_finish_ready(ffi.NULL, events, 2))
+print("finish_ready NULL events", lib.pjrtp_finish_ready(ready.plan, ffi.NULL, 2))
+print("finish_ready huge count", lib.pjrtp_finish_ready(ready.plan, events, 2**62))
+print("finish_ready no events", lib.pjrtp_finish_ready(ready.plan, events, 0))
+print("execute NULL plan", lib.pjrtp_execute(ffi.NULL))
+empty = ffi.new("PJRTP_ExecutePlan*")
+print("execute empty plan", lib.pjrtp_execute(empty))
+print("read NULL plan", lib.pjrtp_read_pinned(ffi.NULL, ffi.NULL, ffi.NULL, 8) != ffi.NULL)
+pinning = client._pinnings.take()
+dst = ffi.new("char[]", 8)
+print("read NULL buffer", lib.pjrtp_read_pinned(pinning._plan, ffi.NULL, dst, 8) != ffi.NULL, pinning._plan.failed_step)
+print("read huge count", lib.pjrtp_read_pinned(pinning._plan, ffi.cast("PJRT_Buffer*", 8), dst, 2**63) != ffi.NULL, pinning._plan.failed_step)
+client.close()
+print("done")
+"""
+
+
+def test_the_private_functions_refuse_a_null_plan_or_a_huge_count(python_subprocess, cpu_library_path):
+    """Passed a NULL plan or 2**62 events, pjrtp_* read through NULL or past their arrays: a segfault."""
+    result = python_subprocess(CALLS_WITH_BAD_ARGUMENTS.replace("sys.argv[1]", repr(str(cpu_library_path))))
+    assert result.returncode == 0, f"the process {result.returncode}: {result.stderr[-2000:]}"
+    invalid = _fastpath.INVALID_ARGUMENTS
+    for line in ("finish_ready NULL plan", "finish_ready NULL events", "finish_ready huge count", "execute NULL plan",
+                 "execute empty plan"):
+        assert f"{line} {invalid}\n" in result.stdout, result.stdout
+    assert f"finish_ready no events {_fastpath.DONE}\n" in result.stdout
+    assert "read NULL plan True\n" in result.stdout
+    assert f"read NULL buffer True {_fastpath.STEP_INVALID}\n" in result.stdout
+    assert f"read huge count True {_fastpath.STEP_INVALID}\n" in result.stdout
+    assert result.stdout.endswith("done\n")
+
+
+def test_the_status_values_outside_the_declarations_are_the_c_library_s():
+    source = (Path(_fastpath.__file__).parent / "csrc" / "fastpath.c").read_text()
+    assert f"#define PJRTP_INVALID_ARGUMENTS ({_fastpath.INVALID_ARGUMENTS})" in source
+    assert f"#define PJRTP_STEP_NO_DATA {_fastpath.STEP_NO_DATA}" in source
+    assert f"#define PJRTP_STEP_INVALID {_fastpath.STEP_INVALID}" in source
 
 
 def test_the_runtime_suite_passes_on_the_python_path():
@@ -258,6 +393,6 @@ def test_the_read_target_is_the_array_itself():
     """The direct read writes through cffi's from_buffer without its Python wrapper: the same
     char[] view over the same bytes as ``ffi.from_buffer``."""
     array = np.arange(6, dtype=np.float32)
-    fast, wrapped = _buffer._char_buffer(array), ffi.from_buffer(array)
+    fast, wrapped = _pinning._char_buffer(array), ffi.from_buffer(array)
     assert ffi.typeof(fast) is ffi.typeof(wrapped) and len(fast) == len(wrapped) == array.nbytes
     assert int(ffi.cast("uintptr_t", fast)) == int(ffi.cast("uintptr_t", wrapped)) == array.ctypes.data

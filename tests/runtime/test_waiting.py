@@ -139,3 +139,44 @@ def test_a_plugin_without_event_callbacks_still_executes(build_shim):
         x = client.buffer_from_host(np.arange(4, dtype=np.float32))
         [[out]] = exe.execute([[x, x]])
         np.testing.assert_array_equal(out.to_numpy(), [0, 2, 4, 6])
+
+
+# -- time limits are checked where they are given ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        (float("nan"), ValueError, "must be a finite number of seconds above 0, got nan"),
+        (float("inf"), ValueError, "must be a finite number of seconds above 0, got inf"),
+        (1e308, ValueError, "must be at most 9223372036 seconds"),
+        (-1, ValueError, "must be a finite number of seconds above 0, got -1"),
+        (0, ValueError, "must be a finite number of seconds above 0, got 0"),
+        ("10", TypeError, "must be a number of seconds, got str '10'; use None for no limit"),
+        (True, TypeError, "must be a number of seconds, got bool True"),
+    ],
+)
+def test_a_time_limit_that_cannot_be_kept_is_refused_where_it_is_given(client8, cpu_library_path, value, error, message):
+    """nan or 1e308 as execute_timeout made a never-ending program hang; '10' failed deep inside the wait."""
+    from pjrt_plugins.runtime import load_library
+
+    for name in ("execute_timeout", "stall_timeout"):
+        with pytest.raises(error, match=f"Client.{name} {message}"):
+            setattr(client8, name, value)
+        assert getattr(client8, name) is None  # left as it was
+    with pytest.raises(error, match=message):
+        load_library(cpu_library_path, timeout=value)
+    with pytest.raises(error, match=message):
+        client8.library.initialize(timeout=value)
+    with pytest.raises(error, match=message):
+        Client(cpu_library_path, initialize_timeout=value)
+    with pytest.raises(error, match=message):
+        client8.close(timeout=value)
+    assert not client8.closed
+
+
+def test_a_time_limit_may_be_any_real_number_of_seconds(client8):
+    client8.execute_timeout = 5  # an int
+    client8.stall_timeout = np.float64(2.5)
+    assert (client8.execute_timeout, client8.stall_timeout) == (5.0, 2.5)
+    client8.execute_timeout = client8.stall_timeout = None

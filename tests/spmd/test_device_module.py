@@ -44,6 +44,19 @@ def test_a_bad_rng_state_is_refused():
         torch.pjrt.set_rng_state(torch.zeros(3))
 
 
+def test_the_device_has_one_stream_always_in_step():
+    # torch.distributed.checkpoint's file writer copies to the host on the device's current stream
+    stream = torch.pjrt.current_stream()
+    assert stream is torch.pjrt.current_stream() is torch.pjrt.default_stream(0)
+    assert stream.device_type == "pjrt" and stream.query()
+    stream.wait_stream(stream)
+    stream.synchronize()
+    with torch.pjrt.stream(stream):
+        pass
+    with pytest.raises(VirtualDeviceError, match="not a stream of the pjrt device"):
+        torch.pjrt.stream(object())
+
+
 def test_device_selection_accepts_only_the_one_device():
     with torch.pjrt.device(0):
         pass

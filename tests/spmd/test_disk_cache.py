@@ -287,3 +287,180 @@ def test_the_key_names_the_library_file_by_size_and_modification_time(engine, tm
     assert key["library"]["size"] == st.st_size and key["library"]["mtime_ns"] == st.st_mtime_ns
     assert key["library"]["api_version"] == list(client.library.api_version)
     assert key != _disk_cache.cache_key(b"program2", b"options", client, ("cpu",))
+
+
+# -- odd files at an entry's name ------------------------------------------------------------
+
+
+@pytest.fixture
+def bounded(monkeypatch):
+    """The cache's size bound, restored after the test."""
+    monkeypatch.setattr(_disk_cache, "_max_size", None)
+    monkeypatch.delenv(_disk_cache.MAX_SIZE_ENV, raising=False)
+    return _disk_cache.set_cache_max_size
+
+
+def private_dir(path):
+    path.mkdir(mode=0o700)
+    return path
+
+
+def load_within(directory, key, seconds: float = 20):
+    """``load`` on a thread, so that a load that blocks fails the test instead of hanging it."""
+    found: list = []
+    worker = threading.Thread(target=lambda: found.append(_disk_cache.load(directory, key)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return worker.is_alive(), found
+
+
+def test_a_fifo_at_an_entrys_name_is_skipped_not_waited_on(tmp_path, caplog):
+    directory = private_dir(tmp_path / "cache")
+    fifo = directory / _disk_cache._entry_name(KEY)
+    os.mkfifo(fifo, 0o600)
+    try:
+        with caplog.at_level(logging.WARNING, logger=_disk_cache.__name__):
+            blocked, found = load_within(directory, KEY)
+        assert not blocked, "load() blocked on the FIFO"
+        assert found == [None] and "it is a FIFO" in caplog.text and "compiling instead" in caplog.text
+        _disk_cache.store(directory, KEY, b"executable bytes", {"output_shardings": []})  # replaces it
+        assert _disk_cache.load(directory, KEY) == (b"executable bytes", {"output_shardings": []})
+    finally:
+        try:  # release a reader still blocked on it (the unfixed cache)
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+
+def test_a_directory_at_an_entrys_name_is_skipped_and_not_written_over(tmp_path, caplog):
+    directory = private_dir(tmp_path / "cache")
+    (directory / _disk_cache._entry_name(KEY)).mkdir()
+    with caplog.at_level(logging.WARNING, logger=_disk_cache.__name__):
+        assert _disk_cache.load(directory, KEY) is None
+        _disk_cache.store(directory, KEY, b"executable bytes", {"output_shardings": []})
+    assert "it is a directory" in caplog.text and "could not write a compile cache entry" in caplog.text
+    assert [p.name for p in directory.iterdir()] == [_disk_cache._entry_name(KEY)]  # no temporary file left
+
+
+def test_a_huge_sparse_entry_is_skipped_without_reading_it(tmp_path, caplog, bounded):
+    directory = private_dir(tmp_path / "cache")
+    entry = directory / _disk_cache._entry_name(KEY)
+    with open(entry, "wb") as f:
+        f.truncate(20 << 30)  # 20 GiB that take no disk; the default bound is 10 GiB
+    entry.chmod(0o600)
+    with caplog.at_level(logging.WARNING, logger=_disk_cache.__name__):
+        assert _disk_cache.load(directory, KEY) is None
+    assert "it is 20.0 GiB, more than the cache may hold (10.0 GiB)" in caplog.text
+
+
+# -- the size bound --------------------------------------------------------------------------
+
+
+def key_of(n: int) -> dict:
+    return {**KEY, "program_sha256": f"{n:064x}"}
+
+
+def test_the_least_recently_used_entries_go_first_when_the_bound_is_passed(tmp_path, bounded):
+    directory = tmp_path / "cache"
+    blob = b"x" * 10_000
+    for n in range(3):
+        _disk_cache.store(directory, key_of(n), blob, {"output_shardings": []})
+    size = (directory / _disk_cache._entry_name(key_of(0))).stat().st_size
+    for n in range(3):  # stored at distinct, known times: 0 oldest
+        os.utime(directory / _disk_cache._entry_name(key_of(n)), (1000 + n, 1000 + n))
+    assert _disk_cache.load(directory, key_of(0)) is not None  # a load is a use: 0 is now the newest
+    bounded(3 * size + size // 2)
+    _disk_cache.store(directory, key_of(3), blob, {"output_shardings": []})
+    kept = {n for n in range(4) if _disk_cache.load(directory, key_of(n)) is not None}
+    assert kept == {0, 2, 3}  # 1 was the least recently used
+    assert sum(p.stat().st_size for p in directory.iterdir()) <= 3 * size + size // 2
+
+
+def test_an_executable_larger_than_the_bound_is_not_stored(tmp_path, bounded, caplog):
+    directory = tmp_path / "cache"
+    bounded("1k")
+    with caplog.at_level(logging.WARNING, logger=_disk_cache.__name__):
+        _disk_cache.store(directory, KEY, b"x" * 2000, {"output_shardings": []})
+    assert entries(directory) == [] and "larger than the compile cache's bound of 1000 B" in caplog.text
+
+
+def test_the_bound_comes_from_the_function_the_environment_or_the_default(monkeypatch, bounded):
+    from pjrt_plugins._cache_files import DEFAULT_MAX_SIZE
+
+    assert _disk_cache.cache_max_size() == DEFAULT_MAX_SIZE == 10 << 30
+    monkeypatch.setenv(_disk_cache.MAX_SIZE_ENV, "1.5GiB")
+    assert _disk_cache.cache_max_size() == 3 << 29
+    bounded(12345)
+    assert _disk_cache.cache_max_size() == 12345
+    bounded(None)
+    monkeypatch.setenv(_disk_cache.MAX_SIZE_ENV, "lots")
+    with pytest.warns(CompileCacheWarning, match=r"PJRT_PLUGINS_CACHE_MAX_SIZE='lots'.*default bound of 10.0 GiB"):
+        assert _disk_cache.cache_max_size() == DEFAULT_MAX_SIZE
+    for bad in ("0", "-1G", "ten", "1e400G", True, 1.5):
+        with pytest.raises(ValueError):
+            bounded(bad)
+
+
+def test_writers_under_a_bound_keep_the_directory_under_it(tmp_path, bounded):
+    """Threads storing distinct programs (file writes release the GIL), each evicting: the directory
+    ends under the bound, with no temporary file left and every surviving entry valid."""
+    directory = tmp_path / "cache"
+    blob = b"y" * (1 << 16)
+    _disk_cache.store(directory, key_of(0), blob, {"output_shardings": []})
+    size = entries(directory)[0].stat().st_size
+    bounded(4 * size)
+
+    def write(first: int) -> None:
+        for n in range(first, first + 40, 4):
+            _disk_cache.store(directory, key_of(n), blob, {"output_shardings": []})
+
+    writers = [threading.Thread(target=write, args=(first,)) for first in range(4)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=120)
+    left = list(directory.iterdir())
+    assert all(p.name.endswith(_disk_cache._SUFFIX) for p in left), left
+    assert 1 <= len(left) <= 4 and sum(p.stat().st_size for p in left) <= 4 * size
+    for n in range(40):
+        if (directory / _disk_cache._entry_name(key_of(n))).exists():
+            assert _disk_cache.load(directory, key_of(n)) == (blob, {"output_shardings": []})
+
+
+# -- pjrt-plugins cache ------------------------------------------------------------------------
+
+
+def cache_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_PLUGINS_CACHE")}
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "pjrt_plugins", "cache", *args], capture_output=True, text=True,
+                          env=environment, timeout=120)
+
+
+def test_the_cache_command_shows_sizes_lists_and_clears_only_entries(tmp_path):
+    directory = tmp_path / "cache"
+    for n in range(3):
+        _disk_cache.store(directory, key_of(n), b"z" * 1000, {"output_shardings": []})
+    (directory / "notes.txt").write_text("mine")  # not an entry: never counted, never removed
+    os.mkfifo(directory / ("f" * 64 + _disk_cache._SUFFIX))  # not a regular file: skipped, never opened
+    env = {"PJRT_PLUGINS_CACHE_DIR": str(directory), "PJRT_PLUGINS_CACHE_MAX_SIZE": "1MiB"}
+    total = sum(p.stat().st_size for p in directory.glob("*" + _disk_cache._SUFFIX) if p.is_file())
+    size = cache_cli("size", "--json", env=env)
+    assert size.returncode == 0, size.stderr
+    assert json.loads(size.stdout) == {"directory": str(directory), "exists": True, "entries": 3, "bytes": total,
+                                       "max_bytes": 1 << 20}
+    listed = cache_cli("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["list"]
+    assert sorted(r["program_sha256"] for r in rows) == [key_of(n)["program_sha256"] for n in range(3)]
+    assert all(r["plugin"] == "cpu" and r["platform"] == "cpu 0.81" for r in rows)
+    text = cache_cli("list", env=env)
+    assert text.returncode == 0 and "3 entries" in text.stdout and "of at most 1.0 MiB" in text.stdout, text.stdout
+    cleared = cache_cli("clear", "--dir", str(directory))
+    assert cleared.returncode == 0 and cleared.stdout.startswith("removed 3 entries"), cleared
+    assert sorted(p.name for p in directory.iterdir()) == sorted(["notes.txt", "f" * 64 + _disk_cache._SUFFIX])
+
+
+def test_the_cache_command_without_a_directory_is_a_usage_error():
+    result = cache_cli("size")
+    assert result.returncode == 2 and "set PJRT_PLUGINS_CACHE_DIR or pass --dir" in result.stderr, result

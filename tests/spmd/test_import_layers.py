@@ -30,6 +30,7 @@ LAYERS: dict[str, set[str]] = {
 #: the virtual device, which creates the client; every layer may raise the package's errors and use the runtime).
 OUTSIDE: dict[str, set[str]] = {
     "devices": {"pjrt_plugins._plugin", "pjrt_plugins._registry"},
+    "execution": {"pjrt_plugins._cache_files"},  # the disk cache's files, shared with `pjrt-plugins cache`
 }
 ALWAYS_ALLOWED = {"pjrt_plugins.errors", "pjrt_plugins.runtime"}
 

@@ -141,9 +141,52 @@ def test_parse_rejects_what_is_not_a_sharding(text):
         parse_sharding(text)
 
 
-def test_parse_refuses_manual_subgroups_clearly():
-    with pytest.raises(NotImplementedError, match="subgroups"):
-        parse_sharding("{devices=[2,2]<=[4] last_tile_dims={manual}}")
+MANUAL_SUBGROUP_STRINGS = [
+    "{devices=[2,2]<=[4] last_tile_dims={manual}}",
+    "{devices=[2,1,4]<=[8] last_tile_dims={manual}}",
+    "{devices=[1,1,2,4]<=[8] last_tile_dims={manual, replicated}}",
+    "{devices=[1,1,2,4]<=[8] last_tile_dims={replicated, manual}}",
+    "{devices=[2,1,2,2]<=[2,2,2]T(2,1,0) last_tile_dims={replicated, manual}}",
+    "{devices=[2,2,1,2]<=[8] last_tile_dims={manual, replicated}}",
+    "{devices=[2,1,1]<=[2] last_tile_dims={manual}}",
+    "{devices=[1,1,8]<=[8] last_tile_dims={manual}}",
+    "{devices=[1,1,8]<=[8] last_tile_dims={replicated}}",
+]
+
+
+@pytest.mark.parametrize("text", MANUAL_SUBGROUP_STRINGS)
+def test_parse_manual_subgroups_as_xla_does(text):
+    """Subgroups are put in XLA's order (manual first), size-1 ones dropped, and collapse as XLA collapses them."""
+    hlo = pytest.importorskip("jaxlib._hlo", reason="jaxlib (the spmd extra) is not installed").HloSharding
+    ours, xla = parse_sharding(text), hlo.from_string(text)
+    assert hlo.from_string(str(ours)) == xla
+    assert list(ours.devices) == list(xla.tile_assignment_devices())
+    assert [k.name for k in ours.subgroups] == [k.name for k in xla.subgroup_types()]
+    assert parse_sharding(str(ours)) == ours
+
+
+def test_manual_subgroup_geometry():
+    """Two manual groups of four devices, each tiling dimension 0 in two and replicating over two."""
+    spec = parse_sharding("{devices=[2,1,2,2]0,1,2,3,4,5,6,7 last_tile_dims={manual, replicated}}")
+    assert spec.type is ShardingType.TILED and spec.is_manual and spec.rank == 2
+    assert spec.tiles == (2, 1) and spec.replication == 2 and spec.holders_per_tile == 4
+    shards = spec.shards((4, 3), IDS8)
+    assert [s.indices for s in shards[:4]] == [(slice(0, 2), slice(0, 3))] * 4  # devices 0,1,2,3: first rows
+    assert [s.indices[0] for s in shards[4:]] == [slice(2, 4)] * 4
+    assert [s.replica_id for s in shards] == [0, 1, 0, 1] * 2
+    assert spec.shard_shape((4, 3)) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("{devices=[2,2]0,1,2,3 last_tile_dims={tiled}}", "subgroup kinds"),
+     ("{devices=[2,2]0,1,2,3 last_tile_dims=manual}", "last_tile_dims reads"),
+     ("{devices=[4]0,1,2,3 last_tile_dims={manual}}", "no tensor dimension"),
+     ("{devices=[2,2,2]<=[8] last_tile_dims={manual, manual}}", "each once")],
+)
+def test_parse_rejects_bad_subgroups(text, message):
+    with pytest.raises(ShardingError, match=message):
+        parse_sharding(text)
 
 
 # -- partition spec errors -----------------------------------------------------------------------
@@ -250,9 +293,14 @@ def test_shards_reject_a_mismatched_rank_or_device_set():
         OpSharding.maximal(9).shards((2,), range(8))
 
 
-def test_manual_sharding_has_no_geometry():
-    with pytest.raises(NotImplementedError):
-        OpSharding.manual().shards((2,), range(2))
+def test_manual_sharding_geometry_is_each_device_whole():
+    """Under {manual} the tensor's shape is each device's own: every device holds all of it (indices ...)."""
+    spec = OpSharding.manual()
+    assert spec.is_manual and spec.rank is None and spec.replication == 1
+    assert spec.shard_shape((2, 3)) == (2, 3)
+    shards = spec.shards((2, 3), IDS8)
+    assert [(s.device, s.indices, s.replica_id, s.shape) for s in shards] == [(d, ..., d, (2, 3)) for d in IDS8]
+    assert not OpSharding.from_partition_spec((2, 4), IDS8, (0, 1)).is_manual
 
 
 # -- properties over many meshes and specs -------------------------------------------------------

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 
-def _template_constants() -> dict:
+def _template_constants() -> dict[str, Any]:
     source = Path(__file__).with_name("_template_files.py").read_text(encoding="utf-8")
-    constants: dict = {}
+    constants: dict[str, Any] = {}
     exec(compile(source, "_template_files.py", "exec"), constants)  # plain constants, see that module
     return constants
 

@@ -1,5 +1,6 @@
 """Checks of the PJRT C API library: ABI and version, initialize and attributes, client, devices,
-memories, error reporting, buffers of every dtype, compile and execute, multi-device execution.
+memories, error reporting. Buffers (``_checks_buffers``) and programs (``_checks_programs``)
+follow them.
 
 Everything goes through :mod:`pjrt_plugins.runtime`; only the struct-size probes
 build args structs by hand, with the runtime's own declarations.
@@ -11,11 +12,11 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
-
 from ..errors import ApiVersionError, PjrtError, PluginInitializeTimeoutError, PluginUnavailableError
+from ..runtime import _cdef
+from ..runtime._cdef import API_SLOTS, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
 from ._context import Context
-from ._framework import Check, Fail, Skip, Unsupported, add_check, check
+from ._framework import Fail, Skip, Unsupported, check
 
 #: Functions without which pjrt-plugins cannot create a client, list devices or move a buffer.
 REQUIRED_FUNCTIONS = (
@@ -99,8 +100,6 @@ def check_abi_load(ctx: Context) -> str:
 
 @check("abi.version", "the PJRT C API version is one pjrt-plugins speaks", requires=("abi.load",), essential=True)
 def check_abi_version(ctx: Context) -> str:
-    from ..runtime._cdef import HEADER_MINOR, MIN_SUPPORTED_MINOR
-
     try:
         library = ctx.library
     except ApiVersionError as exc:
@@ -115,8 +114,6 @@ def check_abi_version(ctx: Context) -> str:
 @check("abi.struct_sizes", "PJRT_Api and its version struct are as large as the version claims",
        requires=("abi.version",), essential=True)
 def check_abi_struct_sizes(ctx: Context) -> str:
-    from ..runtime import _cdef
-
     library = ctx.library
     minor = min(library.api_version[1], _cdef.HEADER_MINOR)
     known = [s for s in _cdef.API_SLOTS if s.added <= minor and s.name not in _cdef.ADDED_BY_AT_LATEST]
@@ -143,8 +140,6 @@ def check_abi_struct_sizes(ctx: Context) -> str:
 @check("abi.functions", "the functions every client needs are present (slots gated by struct_size, non-NULL)",
        requires=("abi.version",), essential=True)
 def check_abi_functions(ctx: Context) -> str:
-    from ..runtime._cdef import API_SLOTS
-
     library = ctx.library
     missing = [name for name in REQUIRED_FUNCTIONS if not library.has_function(name)]
     if missing:
@@ -339,8 +334,6 @@ def check_errors_lookup(ctx: Context) -> str:
 
 
 def _platform_name_args(ctx: Context, size: int) -> tuple[Any, Any]:
-    from ..runtime._cdef import STRUCT_SIZE, ffi
-
     real = STRUCT_SIZE["PJRT_Client_PlatformName_Args"]
     raw = ffi.new("char[]", max(size, real))
     args = ffi.cast("PJRT_Client_PlatformName_Args*", raw)
@@ -367,8 +360,6 @@ def check_errors_struct_size(ctx: Context) -> str:
 @check("errors.newer_caller", "an args struct larger than the plugin's (a newer caller) is accepted",
        requires=("client.platform",))
 def check_errors_newer_caller(ctx: Context) -> str:
-    from ..runtime._cdef import STRUCT_SIZE, ffi
-
     size = STRUCT_SIZE["PJRT_Client_PlatformName_Args"] + 64
     keep, args = _platform_name_args(ctx, size)
     try:
@@ -383,332 +374,3 @@ def check_errors_newer_caller(ctx: Context) -> str:
         raise Fail(f"with a larger struct the platform name came back as {name!r}, not {ctx.client.platform_name!r}")
     del keep
     return f"a {size}-byte args struct works"
-
-
-# -- buffers ----------------------------------------------------------------------------------
-
-
-def sample_array(dtype: np.dtype, shape: tuple[int, ...] = (2, 3)) -> np.ndarray:
-    """Distinct, exactly representable values of ``dtype`` (booleans alternate; unsigned ints stay >= 0)."""
-    count = int(np.prod(shape, dtype=np.int64))
-    base = np.arange(count, dtype=np.float64)
-    if dtype == np.dtype(bool):
-        return (base % 3 != 1).reshape(shape)
-    if dtype.kind == "u":
-        return (base * 3 + 1).astype(dtype).reshape(shape)
-    if dtype.kind == "i":
-        return ((base - count // 2) * 3).astype(dtype).reshape(shape)
-    if dtype.kind == "c":
-        return ((base - 2.5) + 1j * (base / 2)).astype(dtype).reshape(shape)
-    return ((base - 2.5) * 0.5).astype(dtype).reshape(shape)
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
-
-
-def _plugin_view(buffer: Any) -> tuple[tuple[int, ...], int]:
-    """(dimensions, element type) as the plugin reports them (the runtime caches what it uploaded)."""
-    from ..runtime import new_args
-    from ..runtime._cdef import ffi
-
-    library = buffer.client.library
-    dims = new_args("PJRT_Buffer_Dimensions_Args")
-    dims.buffer = buffer.c_pointer()
-    library.call("PJRT_Buffer_Dimensions", dims)
-    kind = new_args("PJRT_Buffer_ElementType_Args")
-    kind.buffer = buffer.c_pointer()
-    library.call("PJRT_Buffer_ElementType", kind)
-    shape = tuple(ffi.unpack(dims.dims, dims.num_dims)) if dims.num_dims else ()
-    return shape, int(ffi.cast("int", kind.type))
-
-
-def _round_trip(ctx: Context, host: np.ndarray, device: Any = None) -> str:
-    """Upload ``host``, check what the plugin reports, read it back bit for bit."""
-    from ..runtime._dtypes import PJRT_BY_NUMPY, PJRT_TYPE_NAMES
-
-    client = ctx.client
-    device = device if device is not None else client.addressable_devices[0]
-    try:
-        buffer = client.buffer_from_host(host, device)
-    except PjrtError as exc:
-        if exc.code_name in ("INVALID_ARGUMENT", "UNIMPLEMENTED"):
-            raise Unsupported(f"the plugin does not take {host.dtype} buffers: {exc.code_name}: {exc.message}") from None
-        raise
-    try:
-        shape, element_type = _plugin_view(buffer)
-        if shape != host.shape:
-            raise Fail(f"PJRT_Buffer_Dimensions gives {shape}, the upload was {host.shape}")
-        expected = PJRT_BY_NUMPY[np.dtype(host.dtype)]
-        if element_type != expected:
-            raise Fail(
-                f"PJRT_Buffer_ElementType gives {PJRT_TYPE_NAMES.get(element_type, element_type)}, "
-                f"the upload was {PJRT_TYPE_NAMES[expected]}"
-            )
-        if buffer.device.id != device.id:
-            raise Fail(f"PJRT_Buffer_Device gives device {buffer.device.id}, the upload went to {device.id}")
-        size = buffer.on_device_size
-        back = buffer.to_numpy()
-    finally:
-        buffer.delete()
-    if not _same_bytes(back, host):
-        raise Fail(f"read back {back!r}, uploaded {host!r}")
-    return f"{host.dtype}{list(host.shape)} round trip bit-exact ({size} bytes on device)"
-
-
-def _add_dtype_checks() -> None:
-    from ..runtime._dtypes import NUMPY_BY_PJRT
-
-    for dtype in NUMPY_BY_PJRT.values():
-
-        def round_trip(ctx: Context, dtype: np.dtype = dtype) -> str:
-            return _round_trip(ctx, sample_array(dtype))
-
-        add_check(Check(f"buffers.{dtype.name}", f"{dtype.name} buffers round-trip bit-exact", round_trip,
-                        requires=("client.devices",)))
-
-
-_add_dtype_checks()
-
-
-@check("buffers.shapes", "scalars, empty, 3-d, strided and 1 MiB arrays round-trip", requires=("buffers.float32",))
-def check_buffer_shapes(ctx: Context) -> str:
-    rng = np.random.default_rng(0)
-    cases = {
-        "scalar": np.array(7.5, dtype=np.float32),
-        "empty": np.zeros((0, 3), dtype=np.float32),
-        "3-d": np.arange(24, dtype=np.int32).reshape(2, 3, 4),
-        "strided": np.arange(48, dtype=np.float64).reshape(6, 8)[::2, ::-3],
-        "1 MiB": rng.standard_normal(1 << 18).astype(np.float32),
-    }
-    for label, host in cases.items():
-        try:
-            _round_trip(ctx, host)
-        except Fail as failure:
-            raise Fail(f"{label}: {failure.reason}") from None
-    return ", ".join(cases)
-
-
-@check("buffers.every_device", "each addressable device holds its own data", requires=("buffers.float32",))
-def check_buffers_every_device(ctx: Context) -> str:
-    client = ctx.client
-    devices = client.addressable_devices
-    hosts = [np.arange(4, dtype=np.float32) + 100 * i for i in range(len(devices))]
-    buffers = [client.buffer_from_host(h, d) for h, d in zip(hosts, devices)]
-    try:
-        for buffer, host, device in zip(buffers, hosts, devices):
-            if buffer.device.id != device.id:
-                raise Fail(f"a buffer uploaded to device {device.id} reports device {buffer.device.id}")
-            back = buffer.to_numpy()
-            if not _same_bytes(back, host):
-                raise Fail(f"device {device.id} returned {back}, expected {host}")
-    finally:
-        for buffer in buffers:
-            buffer.delete()
-    return f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
-
-
-@check("buffers.lifecycle", "ready events; a deleted buffer reports so and refuses reads",
-       requires=("buffers.float32",))
-def check_buffers_lifecycle(ctx: Context) -> str:
-    from ..runtime import new_args
-
-    client = ctx.client
-    buffer = client.buffer_from_host(np.arange(4, dtype=np.float32))
-    try:
-        buffer.block_until_ready()
-        if not buffer.is_ready:
-            raise Fail("after awaiting its ready event the buffer reports it is not ready")
-        if buffer.is_deleted:
-            raise Fail("a live buffer reports it is deleted")
-        args = new_args("PJRT_Buffer_Delete_Args")
-        args.buffer = buffer.c_pointer()
-        client.library.call("PJRT_Buffer_Delete", args)
-        if not buffer.is_deleted:
-            raise Fail("after PJRT_Buffer_Delete, PJRT_Buffer_IsDeleted still says false")
-        try:
-            data = buffer.to_numpy()
-        except PjrtError as exc:
-            return f"reading a deleted buffer: {exc.code_name}: {exc.message}"
-        raise Fail(f"reading a deleted buffer succeeded and returned {data!r}; it must be an error")
-    finally:
-        buffer.delete()
-
-
-@check("buffers.copy_to_device", "PJRT_Buffer_CopyToDevice moves data between devices",
-       requires=("buffers.every_device",))
-def check_copy_to_device(ctx: Context) -> str:
-    client = ctx.client
-    if not client.library.has_function("PJRT_Buffer_CopyToDevice"):
-        raise Unsupported("PJRT_Buffer_CopyToDevice is not provided")
-    devices = client.addressable_devices
-    if len(devices) < 2:
-        raise Skip(_one_device(ctx))
-    host = np.arange(6, dtype=np.int32)
-    source = client.buffer_from_host(host, devices[0])
-    try:
-        copy = source.copy_to_device(devices[-1])
-        try:
-            if copy.device.id != devices[-1].id or not _same_bytes(copy.to_numpy(), host):
-                raise Fail(f"the copy is on device {copy.device.id} and holds {copy.to_numpy()}")
-        finally:
-            copy.delete()
-    finally:
-        source.delete()
-    return f"device {devices[0].id} -> device {devices[-1].id}"
-
-
-def _one_device(ctx: Context) -> str:
-    hint = " with -o KEY=VALUE (the plugin's device-count option)" if ctx.has_python else ""
-    return f"only 1 addressable device; this check needs at least 2. Create the client with more{hint}"
-
-
-# -- compile and execute ----------------------------------------------------------------------
-
-
-@check("compile.program", "a StableHLO program compiles", requires=("client.create",))
-def check_compile(ctx: Context) -> str:
-    started = time.monotonic()
-    executable = ctx.executable
-    return f"f32[4] add compiled in {time.monotonic() - started:.2f} s ({executable.num_outputs} output)"
-
-
-@check("compile.properties", "the executable reports its outputs, replicas, partitions and devices",
-       requires=("compile.program",))
-def check_compile_properties(ctx: Context) -> str:
-    from ..errors import UnsupportedFunctionError
-
-    executable = ctx.executable
-    facts, unsupported = [], []
-    expectations = (
-        ("num_outputs", 1),
-        ("num_replicas", 1),
-        ("num_partitions", 1),
-        ("output_shapes", [(4,)]),
-        ("output_dtypes", [np.dtype(np.float32)]),
-    )
-    for name, expected in expectations:
-        try:
-            value = getattr(executable, name)
-        except (UnsupportedFunctionError, NotImplementedError):
-            unsupported.append(name)
-            continue
-        if value != expected:
-            raise Fail(f"{name} is {value!r}, expected {expected!r}")
-        facts.append(name)
-    try:
-        if not executable.addressable_devices:
-            raise Fail("the executable has no addressable devices")
-    except (UnsupportedFunctionError, NotImplementedError):
-        unsupported.append("addressable_devices")
-    missing = f"; not offered: {', '.join(unsupported)}" if unsupported else ""
-    return f"{', '.join(facts)} correct{missing}"
-
-
-@check("execute.single", "a compiled program runs on one device and gives the right answer",
-       requires=("compile.program",))
-def check_execute_single(ctx: Context) -> str:
-    client = ctx.client
-    device = client.addressable_devices[0]
-    a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
-    b = np.array([0.5, 4.0, -1.25, 8.0], dtype=np.float32)
-    outputs = ctx.executable.execute([[client.buffer_from_host(a, device), client.buffer_from_host(b, device)]])
-    if len(outputs) != 1 or len(outputs[0]) != 1:
-        raise Fail(f"expected 1 device x 1 output, got {[len(o) for o in outputs]}")
-    result = outputs[0][0].to_numpy()
-    if not np.array_equal(result, a + b):
-        raise Fail(f"{a} + {b} gave {result}")
-    return f"{a.tolist()} + {b.tolist()} = {result.tolist()}"
-
-
-@check("execute.outputs", "several outputs of different dtypes and ranks come back right",
-       requires=("execute.single",))
-def check_execute_outputs(ctx: Context) -> str:
-    from ._programs import TWO_OUTPUTS
-
-    client = ctx.client
-    executable = client.compile(TWO_OUTPUTS)
-    x = np.array([[1, -2, 3], [4, 5, -6]], dtype=np.int32)
-    (doubled, total), = executable.execute([[client.buffer_from_host(x)]])
-    got = doubled.to_numpy(), total.to_numpy()
-    if not (np.array_equal(got[0], x * 2) and got[1].shape == () and int(got[1]) == int(x.sum())):
-        raise Fail(f"got {got[0].tolist()} and {got[1]!r}; expected {(x * 2).tolist()} and {int(x.sum())}")
-    return "i32[2,3] and i32[] outputs correct"
-
-
-@check("compile.serialize", "an executable serializes and loads back", requires=("execute.single",))
-def check_serialize(ctx: Context) -> str:
-    client = ctx.client
-    for name in ("PJRT_Executable_Serialize", "PJRT_Executable_DeserializeAndLoad"):
-        if not client.library.has_function(name):
-            raise Unsupported(f"{name} is not provided")
-    data = ctx.executable.serialize()
-    if not data:
-        raise Fail("PJRT_Executable_Serialize returned no bytes")
-    loaded = client.deserialize_executable(data)
-    a = np.arange(4, dtype=np.float32)
-    result = loaded.execute([[client.buffer_from_host(a), client.buffer_from_host(a)]])[0][0].to_numpy()
-    if not np.array_equal(result, a + a):
-        raise Fail(f"the reloaded executable computed {result}, expected {a + a}")
-    return f"{len(data)} bytes; the reloaded executable runs"
-
-
-@check("execute.every_device", "a replicated program runs on every addressable device at once",
-       requires=("execute.single", "buffers.every_device"))
-def check_execute_every_device(ctx: Context) -> str:
-    from ..runtime import CompileOptions
-    from ._programs import ADD_F32
-
-    client = ctx.client
-    count = len(client.addressable_devices)
-    if count < 2:
-        raise Skip(_one_device(ctx))
-    executable = client.compile(ADD_F32, CompileOptions(num_replicas=count))
-    devices = executable.addressable_devices
-    if len(devices) != count:
-        raise Fail(f"compiled for {count} replicas, the executable has {len(devices)} addressable devices")
-    base = np.arange(4, dtype=np.float32)
-    args = [[client.buffer_from_host(base + 10 * i, d), client.buffer_from_host(base, d)] for i, d in enumerate(devices)]
-    outputs = executable.execute(args)
-    for i, (device, (out,)) in enumerate(zip(devices, outputs)):
-        expected = base + 10 * i + base
-        if out.device.id != device.id:
-            raise Fail(f"replica {i}'s output is on device {out.device.id}, not {device.id}")
-        if not np.array_equal(out.to_numpy(), expected):
-            raise Fail(f"replica {i} on device {device.id} computed {out.to_numpy()}, expected {expected}")
-    return f"{count} replicas, each correct on its own device"
-
-
-@check("execute.spmd", "an SPMD program partitioned over every device reduces across devices",
-       requires=("execute.single", "buffers.every_device"))
-def check_execute_spmd(ctx: Context) -> str:
-    from ..runtime import CompileOptions
-    from ._programs import spmd_square_and_sum
-
-    client = ctx.client
-    count = len(client.addressable_devices)
-    if count < 2:
-        raise Skip(_one_device(ctx))
-    executable = client.compile(
-        spmd_square_and_sum(count), CompileOptions(num_partitions=count, use_spmd_partitioning=True)
-    )
-    devices = executable.addressable_devices
-    x = np.arange(2 * count, dtype=np.float32)
-    outputs = executable.execute([[client.buffer_from_host(x[2 * i : 2 * i + 2], d)] for i, d in enumerate(devices)])
-    expected_sum = float((x * x).sum())
-    for i, (squares, total) in enumerate(outputs):
-        shard = squares.to_numpy()
-        if not np.array_equal(shard, x[2 * i : 2 * i + 2] ** 2):
-            raise Fail(f"partition {i} returned {shard}, expected {x[2 * i : 2 * i + 2] ** 2}")
-        if float(total.to_numpy()) != expected_sum:
-            raise Fail(f"partition {i} reduced to {float(total.to_numpy())}, expected {expected_sum}")
-    return f"{count} partitions; each shard and the cross-device sum ({expected_sum:g}) correct"
-
-
-@check("client.close", "the client is destroyed cleanly", requires=("client.create",))
-def check_client_close(ctx: Context) -> str:
-    client = ctx.client
-    client.close()
-    if not client.closed:
-        raise Fail("the client is still open after close()")
-    return "PJRT_Client_Destroy succeeded"

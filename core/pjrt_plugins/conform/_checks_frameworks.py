@@ -12,14 +12,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from .._child_process import child_environment, describe_exit, output_tail, python_command
-from . import _checks_python  # noqa: F401, I001  (the prerequisites' checks, declared in this order first)
-from . import _checks_capi  # noqa: F401
+from .._child_process import EventChild, child_environment, describe_exit, output_tail, python_command
+from .._client_setup import checked_create_options
+from . import _checks_buffers  # noqa: F401 - the checks these require are declared first
 from ._context import Context
 from ._framework import Fail, Skip, check
 from ._framework_probe import PROBE_MARK, TORCH_XLA_PYTHON_ENV
@@ -79,7 +78,7 @@ XLA_CLIENT_SLOTS: dict[str, tuple[str, ...]] = {
     "copy": ("PJRT_Buffer_CopyToMemory",),
 }
 #: What each probe step does, for messages.
-STEPS = {
+STEPS: dict[str | None, str | None] = {
     "load": "loading and initializing the library",
     "create": "creating the client (its constructor also lists devices, memories and the topology)",
     "devices": "listing the devices",
@@ -168,53 +167,52 @@ def run_probe(ctx: Context, framework: str, python: str) -> dict[str, Any]:
     env.pop("JAX_PLATFORMS", None)
     env.pop("PJRT_DEVICE", None)
     label = {"xla_client": "XLA's C++ client", "jax": "JAX", "torch_xla": "torch_xla"}[framework]
+    timeout = ctx.target.timeout
     try:
-        completed = subprocess.run(
-            command,
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=ctx.target.timeout,
-        )
-    except subprocess.TimeoutExpired as exc:
-        step = _last_step(exc.stdout if isinstance(exc.stdout, str) else (exc.stdout or b"").decode("utf-8", "replace"))
-        raise Fail(f"{label} did not finish {STEPS.get(step, step)} within {ctx.target.timeout:g} s") from None
+        child = EventChild(_PROBE_MODULE, framework, mark=PROBE_MARK, stdin=json.dumps(request).encode(),
+                           command=command, environ=env)
     except OSError as exc:
         raise Skip(f"cannot start {python}: {exc}") from None
-    events = _events(completed.stdout)
+    try:
+        events = list(child.events(timeout, total=timeout))
+        returncode = child.wait(timeout=10)
+        output = child.stderr_text()
+    finally:
+        child.close()
+    steps = [str(e["phase"]) for e in events if "phase" in e]
+    step = steps[-1] if steps else None
+    if child.timed_out:
+        raise Fail(f"{label} did not finish {STEPS.get(step, step or 'starting')} within {timeout:g} s")
     for event in events:
-        if "result" in event:
-            return event["result"]
-    step = _last_step(completed.stdout)
-    errors = [e["error"] for e in events if "error" in e]
+        result = event.get("result")
+        if isinstance(result, dict):
+            return result
+    errors = [str(e["error"]) for e in events if "error" in e]
     if errors and step is None:  # the framework itself did not import: nothing was asked of the plugin
         raise Skip(f"{label} cannot be used with {python}: {errors[-1]}")
     if errors:
         raise Fail(f"{label} failed {STEPS.get(step, step)}: {errors[-1]}")
-    raise Fail(_crash_message(ctx, label, step, completed))
+    raise Fail(_crash_message(ctx, label, step, returncode, output))
 
 
 def probe_options(ctx: Context) -> dict[str, Any]:
     """The create options the frameworks get: the plugin's hooks (checked) over --option values, or the options given."""
     if not ctx.has_python:
         return dict(ctx.target.options)
-    from ..runtime._plugin_client import checked_create_options
-
     options, _ = checked_create_options(ctx.plugin, ctx.target.options)
     return options
 
 
-def _crash_message(ctx: Context, label: str, step: str | None, completed: subprocess.CompletedProcess) -> str:
+def _crash_message(ctx: Context, label: str, step: str | None, returncode: int, output: str) -> str:
     doing = STEPS.get(step, step) if step else "importing the framework"
-    message = f"the {label} process {describe_exit(completed.returncode)} while {doing}"
+    message = f"the {label} process {describe_exit(returncode)} while {doing}"
     reached = list(XLA_CLIENT_SLOTS)[: list(XLA_CLIENT_SLOTS).index(_slot_step(step)) + 1]
     missing = null_slots(ctx, tuple(reached))
     if missing:
         message += f"; it calls {', '.join(missing)} there, which the plugin leaves NULL"
-    elif completed.returncode < 0:
+    elif returncode < 0:
         message += "; no slot it calls there is NULL, so the crash is inside one of the plugin's functions"
-    return message + output_tail(completed.stderr, lines=4)
+    return message + output_tail(output, lines=4)
 
 
 def _slot_step(step: str | None) -> str:
@@ -222,19 +220,3 @@ def _slot_step(step: str | None) -> str:
     if step == "devices":
         return "create"
     return step if step in XLA_CLIENT_SLOTS else "load"
-
-
-def _events(stdout: str) -> list[dict[str, Any]]:
-    events = []
-    for line in stdout.splitlines():
-        if line.startswith(PROBE_MARK):
-            try:
-                events.append(json.loads(line[len(PROBE_MARK) :]))
-            except json.JSONDecodeError:
-                continue
-    return events
-
-
-def _last_step(stdout: str) -> str | None:
-    steps = [e["phase"] for e in _events(stdout) if "phase" in e]
-    return steps[-1] if steps else None

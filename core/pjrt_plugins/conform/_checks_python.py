@@ -13,8 +13,13 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
+import pjrt_plugins
+
 from .._plugin import RNG_ALGORITHMS
+from .._registry import plugin_record
+from .._torch_xla import TorchXlaStylePlugin, torch_xla_contract_problems, torch_xla_name_problem
 from ..errors import PluginUnavailableError
+from ..options import validate_options
 from ._context import Context, preserved_environment
 from ._framework import Fail, check, describe
 
@@ -43,6 +48,10 @@ def _int_at_least(low: int) -> tuple[str, Any]:
 #: hook -> (what it must return, the test). A test returns a problem or None.
 HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
     "pjrt_library_path": ("an absolute path or None", _library_path_ok),
+    "pjrt_library_missing_hint": (
+        "a str or None",
+        lambda v: None if v is None or isinstance(v, str) else f"returned {describe(v)}",
+    ),
     "pjrt_client_option_schema": (
         "a mapping or None",
         lambda v: None if v is None or isinstance(v, Mapping) else f"returned {type(v).__name__}",
@@ -68,15 +77,13 @@ HOOK_EXPECTATIONS: dict[str, tuple[str, Any]] = {
     ),
     "pjrt_initialize_timeout": (
         "a number of seconds > 0",
-        lambda v: None if isinstance(v, Real) and not isinstance(v, bool) and v > 0 else f"returned {describe(v)}",
+        lambda v: None if isinstance(v, Real) and not isinstance(v, bool) and float(v) > 0 else f"returned {describe(v)}",
     ),
 }
 
 
 @check("python.load", "the plugin loads from its entry point", python=True)
 def check_load(ctx: Context) -> str:
-    import pjrt_plugins
-
     plugin = ctx.plugin  # PluginLoadError (with the original exception as its cause) fails the check
     if not isinstance(plugin, pjrt_plugins.DevicePlugin):
         raise Fail(f"the registry holds {type(plugin).__name__}, not a DevicePlugin")
@@ -126,8 +133,6 @@ def check_option_schema(ctx: Context) -> str:
     python=True,
 )
 def check_create_options(ctx: Context) -> str:
-    from ..options import validate_options
-
     plugin = ctx.plugin
     label = f"plugin {plugin.name!r}"
     with preserved_environment():
@@ -155,9 +160,6 @@ def check_create_options(ctx: Context) -> str:
     python=True,
 )
 def check_torch_xla(ctx: Context) -> str:
-    from .._registry import plugin_record
-    from .._torch_xla import TorchXlaStylePlugin, torch_xla_contract_problems, torch_xla_name_problem
-
     plugin = ctx.plugin
     if isinstance(plugin, TorchXlaStylePlugin):
         raise Fail(

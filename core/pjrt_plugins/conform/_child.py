@@ -1,36 +1,33 @@
 """The check process: ``python -m pjrt_plugins.conform._child`` reads a plan on stdin and runs it.
 
 Each check is announced before it starts and reported when it ends, one JSON
-line each on a private copy of stdout, so the parent knows which check a plugin
-crash or hang interrupted. The plugin's own prints to stdout go to stderr.
+line each on the private channel the parent opened (never stdout, where the
+plugin's own prints go), so the parent knows which check a plugin crash or hang
+interrupted.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import Any
 
-from .._child_process import emit as emit_event
-from .._child_process import private_stdout
+from .._child_process import EventChannel, open_channel
+from .._discovery import discover_for_tools
+from ._catalog import all_checks
+from ._context import Context
+from ._framework import run_check
+from ._report import Status
+from ._runner import EVENT_MARK
+from ._target import Target
 
-#: Prefix of every event line (anything else on the channel is ignored).
-EVENT_MARK = "@@pjrt-plugins-conform@@ "
+
+def emit(channel: EventChannel, **event: Any) -> None:
+    channel.emit(EVENT_MARK, **event)
 
 
-def emit(channel: TextIO, **event: Any) -> None:
-    emit_event(channel, EVENT_MARK, **event)
-
-
-def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
+def run_plan(plan: dict[str, Any], channel: EventChannel) -> None:
     """Run the checks named in ``plan["pending"]``, given the statuses of those already done."""
-    from ._context import Context
-    from ._framework import all_checks, run_check
-    from ._report import Status
-    from ._target import Target
-
-    from .._discovery import discover_for_tools
-
     discover_for_tools()
     target = Target.from_json(plan["target"])
     statuses = {k: Status(v) for k, v in plan.get("statuses", {}).items()}
@@ -66,10 +63,10 @@ def run_plan(plan: dict[str, Any], channel: TextIO) -> None:
 
 
 def main() -> None:
-    channel = private_stdout()
+    channel = open_channel()  # reads the token from stdin; the plan follows it
     plan = json.loads(sys.stdin.read())
     run_plan(plan, channel)
-    channel.flush()
+    channel.stream.flush()
 
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import pjrt_plugins
+
+from ..runtime import Client, Executable, Library, load_library
+from ._programs import ADD_F32
 from ._target import Target
 
 if TYPE_CHECKING:  # pragma: no cover
     from .._plugin import DevicePlugin
-    from ..runtime import Client, Executable, Library
 
 
 class Context:
@@ -33,8 +36,6 @@ class Context:
     @property
     def plugin(self) -> DevicePlugin:
         if self._plugin is None:
-            import pjrt_plugins
-
             assert self.target.plugin is not None
             self._plugin = pjrt_plugins.get_plugin(self.target.plugin)
         return self._plugin
@@ -48,8 +49,6 @@ class Context:
 
     @property
     def library(self) -> Library:
-        from ..runtime import load_library
-
         return load_library(self.library_path)  # opened once per process by the runtime
 
     def initialize(self) -> None:
@@ -75,8 +74,6 @@ class Context:
         options = dict(self.target.options)
         if self.has_python:
             return self.plugin.create_client(options)
-        from ..runtime import Client
-
         self.initialize()
         return Client(self.library, options, plugin_name=os.path.basename(self.library_path))
 
@@ -84,8 +81,6 @@ class Context:
     def executable(self) -> Executable:
         """The f32[4] add program, compiled once."""
         if self._executable is None:
-            from ._programs import ADD_F32
-
             self._executable = self.client.compile(ADD_F32)
         return self._executable
 

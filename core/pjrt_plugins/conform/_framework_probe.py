@@ -2,9 +2,10 @@
 
 ``python _framework_probe.py xla_client|jax|torch_xla`` reads ``{"library_path",
 "options"}`` as JSON on stdin, creates a client through that framework, lists the
-devices and moves an array there and back. Before each step it prints a ``phase``
+devices and moves an array there and back. Before each step it sends a ``phase``
 event, so when the plugin crashes the process, the parent knows which step did it.
-The last event is the ``result``.
+The last event is the ``result``. Events go on the parent's private channel, never
+stdout, so what the plugin library prints cannot pass for one.
 
 Standalone on purpose: it imports only the standard library, numpy and the
 framework, so it runs under any interpreter that has the framework (torch_xla
@@ -19,24 +20,44 @@ import os
 import sys
 from typing import Any
 
-#: Prefix of every event line on stdout (anything else is ignored by the parent).
+#: Prefix of every event line on the event channel (anything else is ignored by the parent).
 PROBE_MARK = "@@pjrt-plugins-probe@@ "
+#: Names the descriptor of the event channel the parent opened (``_child_process.CHANNEL_FD_VAR``,
+#: spelt out: this file imports nothing of pjrt_plugins). Its token comes first on stdin.
+CHANNEL_FD_VAR = "PJRT_PLUGINS_EVENT_FD"
 #: Names the python of an environment with torch_xla, when it is not this one (conform, the tests).
 TORCH_XLA_PYTHON_ENV = "PJRT_PLUGINS_TORCH_XLA_PYTHON"
 #: The name the library is registered under in the framework (torch_xla upper-cases it).
 PROBE_NAME = "pjrtconform"
 
 
+_channel: Any = None  # the private event channel, when the parent opened one
+_token = ""
+
+
+def open_channel() -> None:
+    """Take the parent's event channel (never stdout, where the plugin library prints) and its token."""
+    global _channel, _token
+    raw = os.environ.pop(CHANNEL_FD_VAR, None)
+    if raw is None:  # started by hand: events on stdout
+        return
+    fd = int(raw)
+    os.set_inheritable(fd, False)
+    _token = sys.stdin.readline().strip()
+    _channel = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+
+
 def emit(**event: Any) -> None:
-    sys.stdout.write(PROBE_MARK + json.dumps(event, default=str) + "\n")
-    sys.stdout.flush()
+    stream = _channel if _channel is not None else sys.stdout
+    stream.write((f"{PROBE_MARK}{_token} " if _token else PROBE_MARK) + json.dumps(event, default=str) + "\n")
+    stream.flush()
 
 
 def phase(name: str) -> None:
     emit(phase=name)
 
 
-def sample():
+def sample() -> Any:
     import numpy as np
 
     return np.arange(12, dtype=np.float32).reshape(3, 4) * 1.5 - 4
@@ -118,6 +139,7 @@ PROBES = {"xla_client": probe_xla_client, "jax": probe_jax, "torch_xla": probe_t
 
 def main() -> None:
     faulthandler.enable()  # a crash prints the Python stack to stderr
+    open_channel()
     request = json.loads(sys.stdin.read())
     try:
         result = PROBES[sys.argv[1]](request["library_path"], dict(request.get("options") or {}))

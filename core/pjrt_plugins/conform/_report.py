@@ -141,17 +141,33 @@ class Report:
             f.write("\n")
 
 
+#: The largest report ``--diff`` reads (one is some tens of kB): past it, the file is not a report.
+MAX_REPORT_BYTES = 16 << 20
+
+
 def load_report(path: str | os.PathLike[str]) -> Report:
-    """Read a report written by ``conform --report`` (or ``--json``); ValueError if it is not one."""
+    """Read a report written by ``conform --report`` (or ``--json``); ValueError if it is not one.
+
+    At most :data:`MAX_REPORT_BYTES` are read (``/dev/zero`` or a huge file is refused,
+    not read to the end), and JSON nested too deeply to be a report is refused too.
+    """
+    name = os.fspath(path)
+    with open(path, "rb") as f:  # a pipe works too (--diff <(...) after.json)
+        raw = f.read(MAX_REPORT_BYTES + 1)
+    if len(raw) > MAX_REPORT_BYTES:
+        raise ValueError(f"{name!r} is larger than {MAX_REPORT_BYTES >> 20} MiB: not a conformance report")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name!r} is not UTF-8 text (byte {exc.start}): not a conformance report") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{os.fspath(path)!r} is not JSON: {exc}") from None
+        raise ValueError(f"{name!r} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{name!r} is JSON nested too deeply to be a conformance report") from None
     try:
         return Report.from_json(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{os.fspath(path)!r}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{name!r}: {exc}") from None
 
 
 @dataclass

@@ -10,14 +10,18 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pjrt_plugins
+
 from .._child_process import EventChild, describe_exit, output_tail
-from ._child import EVENT_MARK
 from ._packaging import pure_wheel_warning
 from ._report import CheckResult, Report, Status
-from ._target import Target
+from ._target import Target, resolve_target
+
+#: Prefix of every event line the check process writes (anything else on the channel is ignored).
+EVENT_MARK = "@@pjrt-plugins-conform@@ "
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +37,7 @@ EXIT_CHECK = ("process.exit", "the check process exits cleanly after the checks"
 
 def check_plan() -> list[tuple[str, str]]:
     """``[(id, title)]`` of every check, in order (imports the check modules, opens nothing)."""
-    from ._framework import all_checks
+    from ._catalog import all_checks  # the lazy seam: the checks import the runtime
 
     return [(c.id, c.title) for c in all_checks()]
 
@@ -51,9 +55,6 @@ def run_conformance(
     ``timeout`` bounds each check (seconds). ``progress`` is called with each result
     as it arrives.
     """
-    from .. import __version__
-    from ._target import resolve_target
-
     if isinstance(target, str):
         target = resolve_target(target)
     target.options = dict(options or target.options or {})
@@ -114,7 +115,7 @@ def run_conformance(
         target=described,
         checks=ordered,
         options=dict(target.options),
-        pjrt_plugins_version=__version__,
+        pjrt_plugins_version=pjrt_plugins.__version__,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         notes=notes,
     )
@@ -166,7 +167,7 @@ class _ChildRun:
     def timed_out(self) -> bool:
         return self._child.timed_out
 
-    def events(self):
+    def events(self) -> Iterator[dict[str, Any]]:
         child = self._child
         current: str | None = None
         for event in child.events(STARTUP_TIMEOUT_S + self.timeout):

@@ -11,6 +11,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pjrt_plugins
+
+from .._listing import plugin_rows
 from .._registry import plugin_record
 from ..errors import PluginNotFoundError
 
@@ -81,8 +84,6 @@ def resolve_target(argument: str, *, bare: bool = False) -> Target:
 
 def _plugin_owning(path: str) -> str | None:
     """The registered plugin whose library is ``path``; the plugins' code runs in a child (as for `list`)."""
-    from .._listing import plugin_rows
-
     rows, _default, _error = plugin_rows()
     for row in rows:
         candidate = row["library_path"]
@@ -90,7 +91,7 @@ def _plugin_owning(path: str) -> str | None:
             continue
         try:
             if os.path.exists(candidate) and os.path.samefile(candidate, path):
-                return row["name"]
+                return str(row["name"])
         except OSError as exc:
             logger.debug("plugin %s: cannot compare %s: %r", row["name"], candidate, exc)
     return None
@@ -100,8 +101,6 @@ def option_schema_of(target: Target) -> dict[str, Any] | None:
     """The plugin's option schema (to type ``-o KEY=VALUE``), or ``None`` for a library or a broken plugin."""
     if target.mode != "plugin" or target.plugin is None:
         return None
-    import pjrt_plugins
-
     try:
         return pjrt_plugins.get_plugin(target.plugin).option_schema()
     except Exception as exc:  # noqa: BLE001 - the checks report it; options are then read untyped

@@ -16,6 +16,7 @@ TEMPLATE_FILES = (
     "csrc/*.c",
     "csrc/*.h",
     "pjrt_plugin_stub_neuron/*.py",
+    "pjrt_plugin_stub_neuron/py.typed",
 )
 #: Files whose presence identifies a template directory.
 TEMPLATE_MARKERS = ("pyproject.toml", "pjrt_plugin_stub_neuron/_plugin.py")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._cli_common import EXIT_FAILURE, EXIT_OK, UsageError, parse_options, print_json, seconds
 from ._packaging import WARNING_PREFIX
 from ._report import CheckResult, Report, ReportDiff, Status, diff_reports, load_report
-from ._runner import DEFAULT_TIMEOUT_S
+from ._runner import DEFAULT_TIMEOUT_S, run_conformance
+from ._target import option_schema_of, resolve_target
 
 HELP = "check a plugin (name or library path) against the PJRT C API and the hook contract"
 
@@ -36,8 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a registered plugin name (see `pjrt-plugins list`) or the path of a PJRT library (.so)")
     parser.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
                         help="client create option (repeatable), typed by the plugin's schema, e.g. -o cpu_device_count=4")
-    from ..cli import seconds
-
     parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds allowed for each check before the plugin is declared hung "
                         f"(default: {DEFAULT_TIMEOUT_S:g})")
@@ -52,8 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_FAILURE, EXIT_OK, UsageError, print_json
-
     if args.diff:
         if args.target or args.option or args.report:
             raise UsageError("--diff compares two reports; give no plugin, -o or --report with it")
@@ -69,15 +67,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_checks(args: argparse.Namespace) -> Report:
-    from ..cli import UsageError, parse_options
-    from ._runner import run_conformance
-    from ._target import option_schema_of, resolve_target
-
     try:
         target = resolve_target(args.target, bare=args.bare)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    options = parse_options(args.option or [], option_schema_of(target))
+    # The schema needs the plugin imported here: only for -o, so that without it no plugin code runs in this process.
+    options = parse_options(args.option, option_schema_of(target)) if args.option else {}
     if args.json:
         return run_conformance(target, options, timeout=args.timeout)
     print(f"conform {args.target}" + (f"  (options: {options})" if options else ""), flush=True)
@@ -138,8 +133,6 @@ def _describe(report: Report) -> str:
 
 
 def _run_diff(args: argparse.Namespace, ok: int, failure: int) -> int:
-    from ..cli import print_json
-
     before, after = (load_report(path) for path in args.diff)
     diff = diff_reports(before, after)
     if args.json:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .._cli_common import EXIT_OK, UsageError, print_json
 from . import _template_files
 
 HELP = "write a new plugin package (C library + Python hooks) from the stub_neuron template"
@@ -98,8 +100,17 @@ class PluginNames:
         return text
 
 
+#: Largest template file read (the stub's largest is about 26 kB): a bigger one is refused, not loaded.
+MAX_TEMPLATE_FILE_BYTES = 4 << 20
+
+
 class TemplateNotFoundError(FileNotFoundError):
     """No plugin template could be found (neither given, packaged, nor in a source checkout)."""
+
+
+class TemplateFileError(ValueError):
+    """A template file new-plugin refuses to copy: a symbolic link, outside the template, not a regular
+    file, too large, or not UTF-8 text. The message names the file."""
 
 
 def _is_template(path: Path) -> bool:
@@ -134,10 +145,68 @@ def find_template(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _template_paths(template: Path) -> list[Path]:
+    """The template's files, each checked to be a regular file reached without a symbolic link."""
     paths: list[Path] = []
     for pattern in _template_files.TEMPLATE_FILES:
-        paths.extend(p for p in sorted(template.glob(pattern)) if p.is_file())
+        for path in sorted(template.glob(pattern)):
+            if _checked_template_path(template, path):
+                paths.append(path)
     return paths
+
+
+def _checked_template_path(template: Path, path: Path) -> bool:
+    """True for a regular file inside ``template``, False for a directory; raises TemplateFileError otherwise.
+
+    Every component below the template is looked at without following links: a template
+    whose ``csrc/x.h`` (or ``csrc`` itself) links to ``/etc/shadow`` would otherwise copy
+    that file into a package its author then builds and publishes.
+    """
+    relative = path.relative_to(template)
+    current = template
+    for part in relative.parts:
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except OSError as exc:
+            raise TemplateFileError(f"template file {relative} in {template}: cannot read it: {exc}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise TemplateFileError(
+                f"template file {relative} in {template}: {current.relative_to(template)} is a symbolic link "
+                f"(to {os.readlink(current)}); a template holds only regular files, so copy the file itself there"
+            )
+    if stat.S_ISDIR(st.st_mode):
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        raise TemplateFileError(f"template file {relative} in {template} is not a regular file (a FIFO, socket or device)")
+    if os.path.commonpath([os.path.realpath(path), str(template)]) != str(template):
+        raise TemplateFileError(f"template file {relative} resolves outside the template {template}")
+    return True
+
+
+def _read_template_file(template: Path, path: Path) -> str:
+    """The text of one checked template file, opened without following a link (it may have changed since)."""
+    relative = path.relative_to(template)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise TemplateFileError(f"template file {relative} in {template}: cannot open it: {exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TemplateFileError(f"template file {relative} in {template} is not a regular file")
+        if st.st_size > MAX_TEMPLATE_FILE_BYTES:
+            raise TemplateFileError(
+                f"template file {relative} in {template} is {st.st_size} bytes, more than the "
+                f"{MAX_TEMPLATE_FILE_BYTES >> 20} MiB a template file may have"
+            )
+        data = f.read(MAX_TEMPLATE_FILE_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TemplateFileError(
+            f"template file {relative} in {template} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+            "save it as UTF-8"
+        ) from None
 
 
 def _drop_template_comments(text: str) -> str:
@@ -165,21 +234,24 @@ def write_plugin(
     """Write the package for plugin ``name`` into ``destination`` (default ``./pjrt-plugin-NAME``).
 
     Returns the package directory and the files written. Raises ``ValueError`` for a
-    bad name, ``FileExistsError`` if ``destination`` exists and is not empty, and
-    :class:`TemplateNotFoundError` if no template can be found.
+    bad name, ``FileExistsError`` if ``destination`` exists and is not empty,
+    :class:`TemplateNotFoundError` if no template can be found, and
+    :class:`TemplateFileError` (before writing anything) for a template file that is a
+    symbolic link, leaves the template, is not a regular file, or is not UTF-8 text.
     """
     names = PluginNames.from_name(name)
     source = find_template(template)
+    texts = {
+        path.relative_to(source): _read_template_file(source, path)
+        for path in _template_paths(source)
+        if path.relative_to(source).as_posix() != "README.md"  # the new package gets its own README below
+    }
     root = Path(destination) if destination is not None else Path.cwd() / names.distribution
     root = root.expanduser().resolve()
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(f"{root} already exists and is not empty; choose another --output")
     written = []
-    for path in _template_paths(source):
-        relative = path.relative_to(source)
-        if relative.as_posix() == "README.md":
-            continue  # the new package gets its own README below
-        text = path.read_text(encoding="utf-8")
+    for relative, text in texts.items():
         if relative.name == "pyproject.toml":
             text = re.sub(r"\n{3,}", "\n\n", _drop_template_comments(text))
         text = names.rewrite(text)
@@ -257,8 +329,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_OK, UsageError
-
     try:
         names = PluginNames.from_name(args.name)
     except ValueError as exc:
@@ -267,8 +337,6 @@ def run(args: argparse.Namespace) -> int:
     root, written = write_plugin(args.name, args.output, template=args.template)
     steps = [f"pip install {root}", "pjrt-plugins list", f"pjrt-plugins conform {names.entry_point}"]
     if args.json:
-        from ..cli import print_json
-
         print_json({"names": asdict(names), "path": str(root), "files": [str(p) for p in written], "next": steps})
         return EXIT_OK
     print(f"wrote {len(written)} files to {root}")

@@ -1,4 +1,4 @@
-"""Buffer: one array on one device, and the conversion of host values into transferable arrays.
+"""Buffer: one array on one device, its facts, its readiness and its way to the host.
 
 A Buffer keeps its client alive and is released exactly once (delete(), the context
 manager, garbage collection or client.close()), never while a host view of it is alive nor
@@ -8,195 +8,27 @@ plugin stays referenced until the plugin's done-with-host-buffer event fires.
 
 from __future__ import annotations
 
-import functools
-import threading
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableError, PjrtError
-from . import _fastpath
-from ._cdef import STRUCT_SIZE, ffi
-from ._dtypes import is_torch_tensor, numpy_dtype_of, numpy_to_torch, torch_to_numpy
+from ._args import args_pool, new_args
+from ._cdef import ffi
+from ._devices import Device, Memory
+from ._dtypes import numpy_dtype_of, numpy_to_torch, torch_to_numpy
 from ._inflight import OwnedHandle, free_deferred
-from ._library import args_pool, new_args
+from ._pinning import Pinning, pin, pin_lock, unpin
+from ._read_plan import DIRECT, DIRECT_READ_MAX_BYTES, ReadPlan, ask_read_plan, row_major_layout
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._client import Client, Device, Memory
-
-_layouts: dict[int, tuple[Any, Any]] = {}
-_memmove = ffi.memmove
-#: ``ffi.from_buffer(array)`` without cffi's Python wrapper, which only fills in these arguments
-#: (0.1 us of every small read); the wrapper itself where a cffi build lacks these attributes.
-_char_buffer = (
-    functools.partial(ffi._backend.from_buffer, ffi.BCharA)
-    if hasattr(ffi, "_backend") and hasattr(ffi, "BCharA")
-    else ffi.from_buffer
-)
-_pjrtp_read_pinned = _fastpath.library.pjrtp_read_pinned if _fastpath.library is not None else None
-
-#: Host memory we hand over without a copy is aligned like this (the CPU plugin aliases
-#: only 64-byte-aligned memory and copies anything else).
-HOST_ALIGNMENT = 64
-
-
-def host_array(value: Any) -> tuple[np.ndarray, bool]:
-    """``(array, usable_as_is)`` for a numpy array, torch CPU tensor or array-like.
-
-    ``usable_as_is`` is False when the plugin cannot read the array's memory directly
-    (not C-contiguous, or not native-endian): then it must be copied with :func:`aligned_copy`.
-    """
-    if isinstance(value, np.ndarray):
-        array = value
-    elif is_torch_tensor(value):
-        array = torch_to_numpy(value)
-    else:
-        array = np.asarray(value)
-        if array.dtype == object:
-            raise TypeError(f"cannot transfer a value of type {type(value).__name__} (it is not an array)")
-    return array, bool(array.dtype.isnative and array.flags.c_contiguous)
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """``nbytes`` uninitialized host bytes (uint8) starting on a HOST_ALIGNMENT boundary.
-
-    Plugins alias (read without a copy) only aligned host memory; numpy also asks Linux
-    for transparent huge pages on large allocations, which makes first writes faster.
-    """
-    raw = np.empty(nbytes + HOST_ALIGNMENT, np.uint8)
-    offset = (-raw.ctypes.data) % HOST_ALIGNMENT
-    return raw[offset : offset + nbytes]
-
-
-#: Below this size a private copy is not worth aligning (the plugin may copy it again).
-_ALIGN_FROM_BYTES = 1 << 16
-
-
-def aligned_copy(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous, native-endian copy of ``array`` (one pass); HOST_ALIGNMENT-aligned if large."""
-    dtype = array.dtype if array.dtype.isnative else array.dtype.newbyteorder("=")
-    if array.nbytes < _ALIGN_FROM_BYTES:
-        return np.array(array, dtype=dtype, order="C", copy=True)
-    out = aligned_empty(array.size * dtype.itemsize).view(dtype).reshape(array.shape)
-    np.copyto(out, array, casting="equiv")
-    return out
-
-
-#: Row-major buffers in host memory up to this size are copied out in place; larger ones use
-#: PJRT_Buffer_ToHostBuffer, which copies with the GIL released.
-DIRECT_READ_MAX_BYTES = 1 << 18
-_DIRECT_FUNCTIONS = (
-    "PJRT_Buffer_IncreaseExternalReferenceCount",
-    "PJRT_Buffer_DecreaseExternalReferenceCount",
-    "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
-)
-
-
-#: Taken to count host views (pins) and to delete a buffer or close a client: neither happens
-#: while a view is being taken (reentrant: a finalizer may run on a thread that holds it).
-_pin_lock = threading.RLock()
-
-
-class _Pinning:
-    """Pins buffers in host memory (an external reference keeps the plugin from moving or reusing
-    their bytes), with its own args structs and the library's functions bound once.
-
-    One user at a time: taken from the library's pool (``lib.pool(_Pinning)``).
-    """
-
-    __slots__ = ("_lib", "_hold", "_where", "_unhold", "_hold_fn", "_where_fn", "_unhold_fn", "_plan")
-
-    def __init__(self, lib: Any) -> None:
-        self._lib = lib
-        self._hold = new_args("PJRT_Buffer_IncreaseExternalReferenceCount_Args")
-        self._where = new_args("PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args")
-        self._unhold = new_args("PJRT_Buffer_DecreaseExternalReferenceCount_Args")
-        self._hold_fn = lib.function("PJRT_Buffer_IncreaseExternalReferenceCount")
-        self._where_fn = lib.function("PJRT_Buffer_OpaqueDeviceMemoryDataPointer")
-        self._unhold_fn = lib.function("PJRT_Buffer_DecreaseExternalReferenceCount")
-        # The compiled fast path makes copy() one C call: pin, copy, unpin.
-        self._plan = _fastpath.read_plan(
-            (self._hold_fn, self._where_fn, self._unhold_fn), (self._hold, self._where, self._unhold)
-        )
-
-    def pin(self, ptr: Any) -> Any:
-        """Take an external reference on the buffer ``ptr`` (until :meth:`unpin`); returns the
-        address of its bytes."""
-        hold = self._hold
-        hold.buffer = ptr
-        err = self._hold_fn(hold)
-        if err:
-            raise self._lib.error_to_exception(err, "PJRT_Buffer_IncreaseExternalReferenceCount")
-        where = self._where
-        where.buffer = ptr
-        err = self._where_fn(where)
-        if err:
-            try:
-                raise self._lib.error_to_exception(err, "PJRT_Buffer_OpaqueDeviceMemoryDataPointer")
-            finally:
-                self.unpin(ptr)
-        return where.device_memory_ptr
-
-    def unpin(self, ptr: Any) -> None:
-        """Drop the external reference :meth:`pin` took."""
-        unhold = self._unhold
-        unhold.buffer = ptr
-        err = self._unhold_fn(unhold)
-        if err:
-            raise self._lib.error_to_exception(err, "PJRT_Buffer_DecreaseExternalReferenceCount")
-
-    def copy(self, ptr: Any, out: np.ndarray) -> np.ndarray:
-        """Copy the bytes of the buffer ``ptr`` into the C-contiguous ``out``, pinned meanwhile."""
-        plan = self._plan
-        if plan is not None:
-            err = _pjrtp_read_pinned(plan, ptr, _char_buffer(out), out.nbytes)
-            if err:
-                self._raise_read_error(plan, err)
-            return out
-        address = self.pin(ptr)
-        try:
-            nbytes = out.nbytes
-            if nbytes:
-                _memmove(out, address, nbytes)
-        finally:
-            self.unpin(ptr)
-        return out
-
-    def _raise_read_error(self, plan: Any, err: Any) -> None:
-        """Raise the error of a failed pjrtp_read_pinned, naming the function that failed."""
-        lib = self._lib
-        unhold_error, plan.unhold_error = plan.unhold_error, ffi.NULL
-        try:
-            raise lib.error_to_exception(err, _fastpath.READ_STEPS[plan.failed_step])
-        finally:
-            if unhold_error:  # the unpin after a failed address query failed too: read and destroy it
-                raise lib.error_to_exception(unhold_error, "PJRT_Buffer_DecreaseExternalReferenceCount")
-
-
-def _pin(lib: Any, ptr: Any) -> Any:
-    """Pin a buffer in host memory and return the address of its bytes (see :meth:`_Pinning.pin`).
-    Call with ``_pin_lock`` held or within a counted call on the buffer."""
-    pool = lib.pool(_Pinning)
-    pinning = pool.take()
-    address = pinning.pin(ptr)
-    pool.give(pinning)
-    return address
-
-
-def _unpin(lib: Any, ptr: Any) -> None:
-    """Drop the external reference :func:`_pin` took (finalizers call it: the pool made its
-    structs' types known before any pin existed)."""
-    pool = lib.pool(_Pinning)
-    pinning = pool.take()
-    pinning.unpin(ptr)
-    pool.give(pinning)
-
+if TYPE_CHECKING:  # pragma: no cover - annotations only: the client is the layer above
+    from ._client import Client
 
 _READY_EVENT = args_pool("PJRT_Buffer_ReadyEvent_Args")
 
 
 class _HostPin:
-    """The pin behind a host view: an external reference (:func:`_pin`) held as long as this object.
+    """The pin behind a host view: an external reference (:func:`pin`) held as long as this object.
 
     Counted on the buffer and its client: neither is freed while a pin is held (``delete()``
     and ``close()`` raise :class:`BufferViewedError`). Released with the last numpy array over
@@ -205,23 +37,23 @@ class _HostPin:
 
     __slots__ = ("_buffer", "address")
 
-    def __init__(self, buffer: Buffer) -> None:
+    def __init__(self, buffer: Buffer, nbytes: int) -> None:
         self._buffer: Buffer | None = None
-        with _pin_lock:
-            self.address = _pin(buffer._lib, buffer._handle())
+        with pin_lock:
+            self.address = pin(buffer._lib, buffer._handle(), nbytes)
             buffer._pins += 1
             buffer._client._pins += 1
             self._buffer = buffer
 
     def release(self) -> None:
         """Drop the external reference (once); a buffer whose release waited for it is freed now."""
-        with _pin_lock:  # held across the C call: the buffer cannot be freed in between
+        with pin_lock:  # held across the C call: the buffer cannot be freed in between
             buffer, self._buffer = self._buffer, None
             if buffer is None:
                 return
             try:
                 if buffer._ptr is not None and not buffer._client._closed:
-                    _unpin(buffer._lib, buffer._ptr)
+                    unpin(buffer._lib, buffer._ptr)
             finally:
                 buffer._pins -= 1
                 buffer._client._pins -= 1
@@ -234,70 +66,6 @@ class _HostPin:
             self.release()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
-
-
-class ReadPlan(NamedTuple):
-    """How to bring a buffer to the host.
-
-    ``mode``: ``"direct"`` (host memory: copy the bytes in place), ``"raw"`` (copy the raw
-    device bytes with PJRT_Buffer_CopyRawToHost) or ``"transfer"`` (PJRT_Buffer_ToHostBuffer
-    with a row-major host layout). ``order``: the physical axis order (major to minor) when
-    the device layout is a permutation of row-major, to undo after a byte copy.
-    """
-
-    mode: str
-    order: tuple[int, ...] | None = None
-
-
-_TRANSFER = ReadPlan("transfer")
-_DIRECT = ReadPlan("direct")
-
-
-def _read_plan(lib: Any, ptr: Any, ndim: int) -> ReadPlan:
-    """Ask the plugin where the buffer lives and how it is laid out (two cheap queries).
-
-    Needed because a plugin may ignore the host layout asked of ToHostBuffer (the 0.81 CPU
-    plugin returns raw bytes for a column-major buffer): a permuted layout is read raw and
-    permuted back here. Tiled layouts are left to the plugin's ToHostBuffer.
-    """
-    if not lib.has_function("PJRT_Buffer_GetMemoryLayout"):
-        return _TRANSFER
-    try:
-        query = lib.invoke("PJRT_Buffer_GetMemoryLayout", buffer=ptr)
-        on_cpu = lib.has_function("PJRT_Buffer_IsOnCpu") and bool(
-            lib.invoke("PJRT_Buffer_IsOnCpu", buffer=ptr).is_on_cpu
-        )
-    except PjrtError:  # e.g. UNIMPLEMENTED: trust the plugin's transfer
-        return _TRANSFER
-    layout = query.layout
-    tiled = layout.tiled
-    if int(ffi.cast("int", layout.type)) != 0 or tiled.num_tiles != 0 or tiled.minor_to_major_size != ndim:
-        return _TRANSFER
-    minor_to_major = [int(tiled.minor_to_major[i]) for i in range(ndim)]
-    if sorted(minor_to_major) != list(range(ndim)):
-        return _TRANSFER
-    order = tuple(reversed(minor_to_major))
-    permuted = order != tuple(range(ndim))
-    if on_cpu and all(lib.has_function(name) for name in _DIRECT_FUNCTIONS):
-        return ReadPlan("direct", order) if permuted else _DIRECT
-    if permuted and lib.has_function("PJRT_Buffer_CopyRawToHost"):
-        return ReadPlan("raw", order)
-    return _TRANSFER
-
-
-def _row_major_layout(ndim: int) -> Any:
-    """A shared, read-only PJRT_Buffer_MemoryLayout: dense, dimension 0 most major."""
-    entry = _layouts.get(ndim)
-    if entry is None:
-        minor_to_major = ffi.new("int64_t[]", list(range(ndim - 1, -1, -1)) or [0])
-        layout = new_args("PJRT_Buffer_MemoryLayout")
-        layout.type = 0  # PJRT_Buffer_MemoryLayout_Type_Tiled
-        layout.tiled.struct_size = STRUCT_SIZE["PJRT_Buffer_MemoryLayout_Tiled"]
-        layout.tiled.minor_to_major = minor_to_major
-        layout.tiled.minor_to_major_size = ndim
-        layout.tiled.num_tiles = 0
-        entry = _layouts.setdefault(ndim, (layout, minor_to_major))
-    return entry[0]
 
 
 class Buffer(OwnedHandle):
@@ -324,7 +92,7 @@ class Buffer(OwnedHandle):
         self._client = client
         self._lib = client._lib
         self._ptr = ptr
-        self._calls: list = []  # calls in flight on this buffer (see _inflight)
+        self._calls: list[None] = []  # calls in flight on this buffer (see _inflight)
         self._host: Any = None
         self._shape = shape
         self._dtype = dtype
@@ -371,7 +139,7 @@ class Buffer(OwnedHandle):
             self._ptr = None
             self._free_now()
             return
-        with _pin_lock:  # no pin can be taken between the check and the buffer being marked deleted
+        with pin_lock:  # no pin can be taken between the check and the buffer being marked deleted
             if self._pins:
                 if implicit:
                     self._release_pending = True
@@ -460,7 +228,8 @@ class Buffer(OwnedHandle):
             ptr = self._begin()
             try:  # the dims belong to the buffer: read them within the call
                 args = self._lib.invoke("PJRT_Buffer_Dimensions", buffer=ptr)
-                self._shape = tuple(ffi.unpack(args.dims, args.num_dims)) if args.num_dims else ()
+                rank = self._lib.count(args.dims, args.num_dims, "PJRT_Buffer_Dimensions", "dimensions")
+                self._shape = tuple(ffi.unpack(args.dims, rank)) if rank else ()
             finally:
                 self._end()
         return self._shape
@@ -487,11 +256,11 @@ class Buffer(OwnedHandle):
 
     @property
     def device(self) -> Device:
-        return self._client._device(self._invoke("PJRT_Buffer_Device").device)
+        return self._client._device(self._invoke("PJRT_Buffer_Device").device, "PJRT_Buffer_Device")
 
     @property
     def memory(self) -> Memory:
-        return self._client._memory(self._invoke("PJRT_Buffer_Memory").memory)
+        return self._client._memory(self._invoke("PJRT_Buffer_Memory").memory, "PJRT_Buffer_Memory")
 
     @property
     def on_device_size(self) -> int:
@@ -507,6 +276,8 @@ class Buffer(OwnedHandle):
         self._lib.call("PJRT_Buffer_ReadyEvent", args)
         event = args.event
         _READY_EVENT.give(args)
+        if event == ffi.NULL:  # asking a plugin about a NULL event would crash it
+            raise self._lib.broken_answer("PJRT_Buffer_ReadyEvent", "returned no event")
         return event
 
     @property
@@ -546,7 +317,7 @@ class Buffer(OwnedHandle):
             ndim = len(self.shape)
             ptr = self._begin()
             try:
-                self._plan = _read_plan(self._lib, ptr, ndim)
+                self._plan = ask_read_plan(self._lib, ptr, ndim)
             finally:
                 self._end()
         return self._plan
@@ -572,7 +343,7 @@ class Buffer(OwnedHandle):
             ptr = self._ptr
             if ptr is None or client._closed:
                 raise self._gone_error()
-            if out is None and self._plan is _DIRECT:  # the hot path: a small row-major buffer in host memory
+            if out is None and self._plan is DIRECT:  # the hot path: a small row-major buffer in host memory
                 shape, dtype = self._shape, self._dtype
                 if shape is not None and dtype is not None:
                     out = np.empty(shape, dtype)
@@ -612,7 +383,7 @@ class Buffer(OwnedHandle):
             return self._read_direct(ptr, out)
         args = new_args("PJRT_Buffer_ToHostBuffer_Args")
         args.src = ptr
-        args.host_layout = _row_major_layout(out.ndim)
+        args.host_layout = row_major_layout(out.ndim)
         args.dst = ffi.from_buffer(out)
         args.dst_size = out.nbytes
         self._lib.call("PJRT_Buffer_ToHostBuffer", args)
@@ -630,7 +401,7 @@ class Buffer(OwnedHandle):
         try:
             pinning = pool.pop()  # Pool.take without its frame: the hot path of a small to_numpy()
         except IndexError:
-            pinning = _Pinning(self._lib)
+            pinning = Pinning(self._lib)
         pinning.copy(ptr, out)
         pool.give(pinning)
         return out
@@ -663,7 +434,7 @@ class Buffer(OwnedHandle):
             view = np.empty(physical, dtype)
             view.flags.writeable = False
         else:
-            pin = _HostPin(self)
+            pin = _HostPin(self, nbytes)
             # The view's memory chain (array -> read-only memoryview -> cffi buffer -> this cdata)
             # holds the pin; when the last array goes, the cdata's destructor releases it.
             anchor = ffi.gc(ffi.cast("char *", pin.address), lambda _cdata: pin.release())
@@ -710,6 +481,8 @@ class Buffer(OwnedHandle):
         ptr = self._begin()
         try:
             args = self._lib.invoke("PJRT_Buffer_CopyToDevice", buffer=ptr, dst_device=target._ptr)
+            if args.dst_buffer == ffi.NULL:
+                raise self._lib.broken_answer("PJRT_Buffer_CopyToDevice", "returned no buffer")
             return Buffer(self._client, args.dst_buffer, self._shape, self._dtype)
         finally:
             self._end()

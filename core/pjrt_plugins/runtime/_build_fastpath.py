@@ -3,8 +3,10 @@
 The library has no Python API: the runtime loads it with cffi like a plugin, so the wheel is
 tagged ``py3-none-<platform>`` (any Python 3, one platform). Its header is written here from
 ``_cdef.CDEF`` and ``_cdef.FASTPATH_DECLARATIONS``, the text the runtime gives cffi, with the
-checksum the runtime compares before calling it. Loaded by setuptools by file path, so it imports
-nothing from pjrt_plugins (``_cdef.py`` is read by path; it needs only cffi, a build requirement).
+checksum the runtime compares before calling it; after linking, the library's own checksum is
+recorded next to it (``_file_checksum``), which the runtime checks before opening it. Loaded by
+setuptools by file path, so it imports nothing from pjrt_plugins (``_cdef.py`` and
+``_file_checksum.py`` are read by path; they need only cffi, a build requirement, and zlib).
 """
 
 from __future__ import annotations
@@ -23,13 +25,24 @@ except ImportError:  # pragma: no cover - older setuptools with the wheel packag
 HEADER = "pjrt_fastpath.h"
 
 
+def _sibling(name: str) -> Any:
+    """The runtime module ``name`` of this directory, loaded by path (never through pjrt_plugins)."""
+    spec = importlib.util.spec_from_file_location(f"_pjrt_plugins_build_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module: Any = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record_checksum(library: Path) -> Path:
+    """Record the checksum of a freshly linked ``library`` next to it (the runtime checks it first)."""
+    recorded: Path = _sibling("_file_checksum").record(library)
+    return recorded
+
+
 def header_text() -> str:
     """The C header of the fast path: the PJRT declarations, the fast path's, and their checksum."""
-    path = Path(__file__).with_name("_cdef.py")
-    spec = importlib.util.spec_from_file_location("_pjrt_plugins_build_cdef", path)
-    assert spec is not None and spec.loader is not None
-    cdef: Any = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cdef)
+    cdef = _sibling("_cdef")
     return (
         "/* Written by pjrt_plugins/runtime/_build_fastpath.py from _cdef.py; do not edit. */\n"
         "#ifndef PJRT_FASTPATH_H_\n#define PJRT_FASTPATH_H_\n"
@@ -57,7 +70,18 @@ class BuildFastPath(build_ext):
             extra_postargs=["-O2", "-std=c11", "-Wall", "-Werror"],
             debug=self.debug,
         )
-        self.compiler.link_shared_object(objects, self.get_ext_fullpath(ext.name), debug=self.debug)
+        library = self.get_ext_fullpath(ext.name)
+        self.compiler.link_shared_object(objects, library, debug=self.debug)
+        record_checksum(Path(library))
+
+    def copy_extensions_to_source(self) -> None:
+        """In-place builds (``pip install -e .``): the library is copied into the source tree; so is
+        its checksum, recorded again from the copy."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            package = ext.name.rpartition(".")[0]
+            record_checksum(Path(build_py.get_package_dir(package)) / Path(self.get_ext_filename(ext.name)).name)
 
 
 class PlatformWheel(bdist_wheel):

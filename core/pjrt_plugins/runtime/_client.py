@@ -1,4 +1,4 @@
-"""Client, Device and Memory: a PJRT client on one plugin, and the hardware it exposes.
+"""Client: a PJRT client on one plugin, the owner of everything made from it.
 
 A Client owns its PJRT_Client and every Buffer and Executable made from it: closing the
 client releases them first, so no destroy order can crash, and waits for the calls other
@@ -19,25 +19,26 @@ from typing import Any
 
 import numpy as np
 
-from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
-from ..errors import BufferViewedError, ClientClosedError, PjrtError, PjrtPluginsError, PluginTimeoutError
+from .._timeouts import checked_timeout
+from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError
 from ..options import validate_options
-from ._bounded import BoundedCall
-from ._buffer import Buffer, _pin_lock, _Pinning, aligned_copy, host_array
+from ._args import args_pool, new_args, unpack_text, version_text
+from ._buffer import Buffer
 from ._cdef import ffi
 from ._compile_options import CompileOptions
+from ._devices import Device, Memory
 from ._dtypes import pjrt_type_of
-from ._executable import Executable
-from ._inflight import wait_for_calls
-from . import _memory
+from ._executable import Executable, _ExecuteFrame
+from ._host_arrays import aligned_copy, host_array
+from ._inflight import OwnedHandle, wait_for_calls
+from ._client_create import create_pjrt_client
 from ._kv import KvCallbacks
-from ._library import Library, args_pool, load_library, new_args, unpack_text, version_text
-from ._named_values import EncodedNamedValues, decode_named_values
+from ._library import Library, load_library
+from ._pinning import Pinning, pin_lock
 
 logger = logging.getLogger(__name__)
 _BUFFER_DESTROY = args_pool("PJRT_Buffer_Destroy_Args")
 
-_INTERNAL = 13  # absl::StatusCode::kInternal
 _ZERO_COPY = 2  # PJRT_HostBufferSemantics_kImmutableZeroCopy
 _UNTIL_TRANSFER_COMPLETES = 1  # PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -65,146 +66,6 @@ def _dims(shape: tuple[int, ...]) -> Any:
     return dims
 
 
-class _ClientPart:
-    """A device or memory space of a client. The plugin frees these with the client, so every
-    C call on one is a counted call on the client (ClientClosedError once it is closed)."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        self._client_ref = weakref.ref(client)
-        self._lib = client._lib
-        self._ptr = ptr
-
-    @property
-    def client(self) -> Client:
-        return _alive(self._client_ref)
-
-    def _call(self) -> Any:
-        """``with self._call():`` a counted call on the client; read what the plugin returns inside it."""
-        return _alive(self._client_ref)._call()
-
-    def _invoke(self, function: str, **fields: Any) -> Any:
-        """``function(**fields)`` for results that are plain numbers (read after the call)."""
-        with self._call():
-            return self._lib.invoke(function, **fields)
-
-    def _to_string(self) -> str:
-        raise NotImplementedError
-
-    def __str__(self) -> str:
-        try:
-            return self._to_string()  # the plugin's own text
-        except ClientClosedError:  # str() never raises: what we cached is all that is left
-            return repr(self)
-
-
-class Memory(_ClientPart):
-    """A memory space (``device``, ``pinned_host``, ...) of a client."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        super().__init__(client, ptr)
-        self.id = int(self._invoke("PJRT_Memory_Id", memory=ptr).id)
-        with self._call():
-            args = self._lib.invoke("PJRT_Memory_Kind", memory=ptr)
-            self.kind = unpack_text(args.kind, args.kind_size)
-
-    @property
-    def kind_id(self) -> int:
-        return int(self._invoke("PJRT_Memory_Kind_Id", memory=self._ptr).kind_id)
-
-    @property
-    def addressable_by_devices(self) -> list[Device]:
-        with self._call():
-            args = self._lib.invoke("PJRT_Memory_AddressableByDevices", memory=self._ptr)
-            return [self.client._device(args.devices[i]) for i in range(args.num_devices)]
-
-    def _to_string(self) -> str:
-        with self._call():
-            args = self._lib.invoke("PJRT_Memory_ToString", memory=self._ptr)
-            return unpack_text(args.to_string, args.to_string_size)
-
-    def __repr__(self) -> str:
-        return f"<pjrt Memory id={self.id} kind={self.kind!r}>"
-
-
-class Device(_ClientPart):
-    """One device of a client: id, kind, process index, attributes and memories."""
-
-    def __init__(self, client: Client, ptr: Any) -> None:
-        super().__init__(client, ptr)
-        lib = self._lib
-        with self._call():
-            self._description = desc = lib.invoke("PJRT_Device_GetDescription", device=ptr).device_description
-            self.id = int(lib.invoke("PJRT_DeviceDescription_Id", device_description=desc).id)
-            self.process_index = int(
-                lib.invoke("PJRT_DeviceDescription_ProcessIndex", device_description=desc).process_index
-            )
-            args = lib.invoke("PJRT_DeviceDescription_Kind", device_description=desc)
-            self.kind = unpack_text(args.device_kind, args.device_kind_size)
-            self.is_addressable = bool(lib.invoke("PJRT_Device_IsAddressable", device=ptr).is_addressable)
-        self._attributes: dict[str, Any] | None = None
-        self._local_hardware_id: int | None = None
-        self._read_plan: Any = None  # how buffers put here are read back (same for all of them)
-
-    @property
-    def local_hardware_id(self) -> int:
-        """Opaque hardware id (e.g. the CUDA ordinal); -1 if the plugin has none."""
-        if self._local_hardware_id is None:
-            args = self._invoke("PJRT_Device_LocalHardwareId", device=self._ptr)
-            self._local_hardware_id = int(args.local_hardware_id)
-        return self._local_hardware_id
-
-    @property
-    def attributes(self) -> dict[str, Any]:
-        if self._attributes is None:
-            with self._call():
-                args = self._lib.invoke("PJRT_DeviceDescription_Attributes", device_description=self._description)
-                self._attributes = decode_named_values(args.attributes, args.num_attributes)
-        return dict(self._attributes)
-
-    @property
-    def memories(self) -> list[Memory]:
-        with self._call():
-            args = self._lib.invoke("PJRT_Device_AddressableMemories", device=self._ptr)
-            return [self.client._memory(args.memories[i]) for i in range(args.num_memories)]
-
-    @property
-    def default_memory(self) -> Memory:
-        return self.client._memory(self._invoke("PJRT_Device_DefaultMemory", device=self._ptr).memory)
-
-    def memory_stats(self) -> dict[str, int]:
-        """Allocator statistics by JAX's names (``bytes_in_use``, ``peak_bytes_in_use``, ``bytes_limit``, ...)."""
-        return _memory.memory_stats(self)  # UnsupportedFunctionError where the plugin has none
-
-    def get_memory_info(self) -> _memory.MemoryInfo:
-        """PyTorch/XLA's ``xm.get_memory_info``: ``{"bytes_used", "peak_bytes_used", "bytes_limit"}``."""
-        return _memory.memory_info(self)
-
-    @property
-    def memory_descriptions(self) -> list[_memory.MemoryDescription]:
-        """The memory kinds this device supports (MemoryDescriptions extension), default first."""
-        return _memory.memory_descriptions(self)  # UnsupportedExtensionError where the plugin lacks it
-
-    @property
-    def debug_string(self) -> str:
-        with self._call():
-            args = self._lib.invoke("PJRT_DeviceDescription_DebugString", device_description=self._description)
-            return unpack_text(args.debug_string, args.debug_string_size)
-
-    def _to_string(self) -> str:
-        with self._call():
-            args = self._lib.invoke("PJRT_DeviceDescription_ToString", device_description=self._description)
-            return unpack_text(args.to_string, args.to_string_size)
-
-    def __repr__(self) -> str:
-        return f"<pjrt Device id={self.id} kind={self.kind!r} process_index={self.process_index}>"
-
-
-def _alive(ref: weakref.ref[Client]) -> Client:
-    client = ref()
-    if client is None or client._closed:
-        raise ClientClosedError("the client this object belongs to has been closed")
-    return client
-
 
 class Client:
     """A PJRT client on one plugin library. Use it as a context manager or call close().
@@ -223,11 +84,31 @@ class Client:
     ``execute_timeout`` (seconds, or None) bounds every wait for an execution;
     ``stall_timeout`` declares an execution stuck once the process used no CPU for that
     long (meaningful only where devices are host threads: backends set it, the CPU one
-    does). Either raises :class:`~pjrt_plugins.ExecutionStuckError`.
+    does). Either raises :class:`~pjrt_plugins.ExecutionStuckError`. Each is a finite number
+    of seconds above 0, or None; anything else (``nan``, ``"10"``, ``-1``, ``1e308``) is
+    refused when it is set, with a ``TypeError`` or ``ValueError`` naming it.
     """
 
-    execute_timeout: float | None = None
-    stall_timeout: float | None = None
+    _execute_timeout: float | None = None
+    _stall_timeout: float | None = None
+
+    @property
+    def execute_timeout(self) -> float | None:
+        """Seconds an execute may wait for its devices (None: as long as they take)."""
+        return self._execute_timeout
+
+    @execute_timeout.setter
+    def execute_timeout(self, value: float | None) -> None:
+        self._execute_timeout = checked_timeout(value, "Client.execute_timeout")
+
+    @property
+    def stall_timeout(self) -> float | None:
+        """Seconds of a process using no CPU after which a waiting execute is stuck (None: never)."""
+        return self._stall_timeout
+
+    @stall_timeout.setter
+    def stall_timeout(self, value: float | None) -> None:
+        self._stall_timeout = checked_timeout(value, "Client.stall_timeout")
 
     def __init__(
         self,
@@ -242,12 +123,13 @@ class Client:
         self._closed = True  # until PJRT_Client_Create succeeds; then set first thing by close()
         self._released = True  # until PJRT_Client_Create succeeds; then set once close() has freed it all
         self._ptr = ffi.NULL
-        self._calls: list = []  # calls in flight on this client and on what it owns (see _inflight)
-        self._running: list = []  # frames of the executes in flight, with their arguments
-        self._deferred: list = []  # buffers and executables deleted while calls used them
+        self._calls: list[None] = []  # calls in flight on this client and on what it owns (see _inflight)
+        self._running: list[_ExecuteFrame] = []  # frames of the executes in flight, with their arguments
+        self._deferred: list[OwnedHandle] = []  # buffers and executables deleted while calls used them
         self._lock = threading.RLock()
         self._pins = 0  # host views (Buffer.host_view) alive on this client's buffers: close() waits for none
         self._kv: KvCallbacks | None = None
+        initialize_timeout = checked_timeout(initialize_timeout, "initialize_timeout")
         lib = library if isinstance(library, Library) else load_library(library, initialize_timeout)
         self._lib = lib
         self.plugin_name = plugin_name or lib.name
@@ -256,27 +138,8 @@ class Client:
         values = validate_options(dict(options or {}), schema, plugin=f"plugin {self.plugin_name!r}")
         lib.initialize(initialize_timeout)
         self._destroy_buffer_fn = lib.function("PJRT_Buffer_Destroy")  # bound before a client exists to leak
-        self._pinnings = lib.pool(_Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
-        encoded = EncodedNamedValues(values)
-        args = new_args("PJRT_Client_Create_Args")
-        args.create_options = encoded.pointer
-        args.num_options = encoded.count
-        if kv_store is not None:
-            self._kv = KvCallbacks(kv_store)
-            args.kv_get_callback = self._kv.get
-            args.kv_put_callback = self._kv.put
-            if lib.supports_field("PJRT_Client_Create_Args", "kv_try_get_callback"):
-                args.kv_try_get_callback = self._kv.try_get
-        if self._kv is not None:  # on this thread: the store bounds each wait, and Ctrl-C reaches its get
-            lib.call("PJRT_Client_Create", args)
-        else:
-            _create_bounded(lib, args, encoded, initialize_timeout)
-        if args.client == ffi.NULL:
-            raise PjrtError(
-                _INTERNAL, "PJRT_Client_Create reported success but returned no client", function="PJRT_Client_Create",
-                hint=f"a bug in the plugin {self.plugin_name!r}; using that client would crash the process",
-            )
-        self._ptr = args.client
+        self._pinnings = lib.pool(Pinning)  # pin structs of the direct reads (Buffer.to_numpy)
+        self._ptr, self._kv = create_pjrt_client(lib, values, kv_store, initialize_timeout, self.plugin_name)
         self._closed = self._released = False
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
@@ -324,9 +187,10 @@ class Client:
         (``Buffer.host_view()``) are alive. A handle the plugin fails to destroy does not
         stop the rest: everything is released, then the first error is raised.
         """
+        timeout = checked_timeout(timeout, "close(timeout)")
         if self._released:
             return
-        with _pin_lock:  # no view can be taken once the client is marked closed
+        with pin_lock:  # no view can be taken once the client is marked closed
             if self._pins:
                 raise BufferViewedError(
                     f"cannot close the client on {self.plugin_name!r}: {self._pins} host view(s) of its "
@@ -373,7 +237,7 @@ class Client:
         if errors:
             for extra in errors[1:]:
                 logger.warning("closing the client on %r also failed: %s", self.plugin_name, extra)
-            if len(errors) > 1:
+            if len(errors) > 1 and hasattr(errors[0], "add_note"):  # Python 3.11 and newer
                 errors[0].add_note(f"{len(errors) - 1} more error(s) while closing this client were logged")
             raise errors[0]
 
@@ -508,8 +372,10 @@ class Client:
         """Every device the client sees, addressable or not."""
         if self._devices is None:
             with self._call() as ptr:
-                args = self._lib.invoke("PJRT_Client_Devices", client=ptr)
-                self._devices = [self._device(args.devices[i]) for i in range(args.num_devices)]
+                function = "PJRT_Client_Devices"
+                args = self._lib.invoke(function, client=ptr)
+                count = self._lib.count(args.devices, args.num_devices, function, "devices")
+                self._devices = [self._device(args.devices[i], function) for i in range(count)]
         return list(self._devices)
 
     @property
@@ -517,29 +383,31 @@ class Client:
         """The devices this process can run on."""
         if self._addressable is None:
             with self._call() as ptr:
-                args = self._lib.invoke("PJRT_Client_AddressableDevices", client=ptr)
-                self._addressable = [
-                    self._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
-                ]
+                function = "PJRT_Client_AddressableDevices"
+                args = self._lib.invoke(function, client=ptr)
+                count = self._lib.count(args.addressable_devices, args.num_addressable_devices, function, "devices")
+                self._addressable = [self._device(args.addressable_devices[i], function) for i in range(count)]
         return list(self._addressable)
 
     @property
     def memories(self) -> list[Memory]:
         with self._call() as ptr:
-            args = self._lib.invoke("PJRT_Client_AddressableMemories", client=ptr)
-            return [self._memory(args.addressable_memories[i]) for i in range(args.num_addressable_memories)]
+            function = "PJRT_Client_AddressableMemories"
+            args = self._lib.invoke(function, client=ptr)
+            count = self._lib.count(args.addressable_memories, args.num_addressable_memories, function, "memories")
+            return [self._memory(args.addressable_memories[i], function) for i in range(count)]
 
     def lookup_device(self, device_id: int) -> Device:
         """The device whose id is ``device_id``; PjrtError if there is none."""
         with self._call() as ptr:
-            return self._device(self._lib.invoke("PJRT_Client_LookupDevice", client=ptr, id=int(device_id)).device)
+            function = "PJRT_Client_LookupDevice"
+            return self._device(self._lib.invoke(function, client=ptr, id=int(device_id)).device, function)
 
     def lookup_addressable_device(self, local_hardware_id: int) -> Device:
         with self._call() as ptr:
-            args = self._lib.invoke(
-                "PJRT_Client_LookupAddressableDevice", client=ptr, local_hardware_id=int(local_hardware_id)
-            )
-            return self._device(args.addressable_device)
+            function = "PJRT_Client_LookupAddressableDevice"
+            args = self._lib.invoke(function, client=ptr, local_hardware_id=int(local_hardware_id))
+            return self._device(args.addressable_device, function)
 
     def default_device_assignment(self, num_replicas: int, num_partitions: int = 1) -> list[list[int]]:
         """Device ids as ``[replica][partition]``, the plugin's default placement.
@@ -595,17 +463,23 @@ class Client:
                     f"{self.plugin_name!r} does not have (its devices: {sorted(known)})"
                 )
 
-    def _device(self, ptr: Any) -> Device:
+    def _device(self, ptr: Any, function: str) -> Device:
+        """The Device of the plugin's handle ``ptr`` (``function``'s answer; NULL is refused)."""
         key = int(ffi.cast("uintptr_t", ptr))
         device = self._devices_by_ptr.get(key)
         if device is None:
+            if not key:
+                raise self._lib.broken_answer(function, "gave a NULL device")
             device = self._devices_by_ptr.setdefault(key, Device(self, ptr))
         return device
 
-    def _memory(self, ptr: Any) -> Memory:
+    def _memory(self, ptr: Any, function: str) -> Memory:
+        """The Memory of the plugin's handle ``ptr`` (``function``'s answer; NULL is refused)."""
         key = int(ffi.cast("uintptr_t", ptr))
         memory = self._memories_by_ptr.get(key)
         if memory is None:
+            if not key:
+                raise self._lib.broken_answer(function, "gave a NULL memory")
             memory = self._memories_by_ptr.setdefault(key, Memory(self, ptr))
         return memory
 
@@ -660,6 +534,9 @@ class Client:
             args.host_buffer_semantics = _ZERO_COPY if zero_copy else _UNTIL_TRANSFER_COMPLETES
             args.device = target._ptr
             self._lib.call("PJRT_Client_BufferFromHostBuffer", args)
+            if args.buffer == ffi.NULL:
+                self._settle_host_event(args.done_with_host_buffer, wait=True, host=(array, data))
+                raise self._lib.broken_answer("PJRT_Client_BufferFromHostBuffer", "returned no buffer")
             buffer = Buffer(self, args.buffer, array.shape, array.dtype, target._read_plan)
             if target._read_plan is None:  # a device's default memory and layout never change
                 target._read_plan = buffer.read_plan()._replace(order=None)
@@ -716,6 +593,8 @@ class Client:
                 compile_options=options_c,
                 compile_options_size=len(serialized),
             )
+            if args.executable == ffi.NULL:
+                raise self._lib.broken_answer("PJRT_Client_Compile", "returned no executable")
             return Executable(self, args.executable)
         finally:
             self._calls.pop()
@@ -746,6 +625,8 @@ class Client:
                 args.overridden_serialized_compile_options = keep
                 args.overridden_serialized_compile_options_size = len(serialized)
             self._lib.call("PJRT_Executable_DeserializeAndLoad", args)
+            if args.loaded_executable == ffi.NULL:
+                raise self._lib.broken_answer("PJRT_Executable_DeserializeAndLoad", "returned no executable")
             return Executable(self, args.loaded_executable)
         finally:
             self._calls.pop()
@@ -757,35 +638,6 @@ class Client:
         except ClientClosedError:  # closed by another thread meanwhile
             pass
         return f"<pjrt Client {self.plugin_name!r} (closed)>"
-
-
-def _create_bounded(lib: Library, args: Any, encoded: EncodedNamedValues, timeout: float | None) -> None:
-    """``PJRT_Client_Create(args)`` on a daemon thread, waited for at most ``timeout`` seconds.
-
-    Past it, PluginTimeoutError; a client the plugin creates later is destroyed then
-    (``args`` and the option values it points to stay alive until the call returns).
-    """
-
-    def create(keep_alive: Any = encoded) -> None:  # the option values stay alive as long as the call
-        lib.call("PJRT_Client_Create", args)
-
-    def destroy_late_client(_: None) -> None:
-        if args.client != ffi.NULL:
-            lib.invoke("PJRT_Client_Destroy", client=args.client)
-
-    call = BoundedCall(create, f"pjrt-client-create:{lib.name}")
-    if timeout is None:
-        timeout = DEFAULT_INITIALIZE_TIMEOUT_S
-    if call.wait(timeout):
-        call.outcome()
-        return
-
-    call.give_up(destroy_late_client)
-    raise PluginTimeoutError(
-        f"PJRT_Client_Create in {lib.name} did not return within {timeout:g} s. The plugin may be waiting for "
-        "hardware, a driver or a peer process; check the device and the plugin's requirements, or raise the "
-        "plugin's initialize timeout."
-    )
 
 
 def _serialized_options(options: CompileOptions | bytes) -> bytes:

@@ -46,10 +46,11 @@ _NUMPY_NAME_BY_PJRT_NAME = {
 def _numpy_dtype(name: str) -> np.dtype | None:
     if name == "bool":
         return np.dtype(np.bool_)
-    if hasattr(np, name):
-        return np.dtype(getattr(np, name))
-    extra = getattr(ml_dtypes, name, None)
-    return np.dtype(extra) if extra is not None else None
+    kind = getattr(np, name) if hasattr(np, name) else getattr(ml_dtypes, name, None)
+    if kind is None:
+        return None
+    dtype: np.dtype[Any] = np.dtype(kind)
+    return dtype
 
 
 NUMPY_BY_PJRT: dict[int, np.dtype] = {}
@@ -125,10 +126,11 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
         target = _numpy_dtype(name)
         if target is None:
             raise NotImplementedError(f"torch dtype {tensor.dtype} has no ml_dtypes equivalent installed")
-        raw = tensor.view(getattr(torch, _TORCH_REINTERPRET[name])).numpy()
+        raw: np.ndarray = tensor.view(getattr(torch, _TORCH_REINTERPRET[name])).numpy()
         return raw.view(target)
     try:
-        return tensor.numpy()
+        array: np.ndarray = tensor.numpy()
+        return array
     except TypeError as exc:
         raise NotImplementedError(f"cannot transfer torch tensors of dtype {tensor.dtype}: {exc}") from None
 

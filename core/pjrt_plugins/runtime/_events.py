@@ -5,8 +5,8 @@ it returns, and nothing can bound it. Here the caller checks which events are re
 registers a ``PJRT_Event_OnReady`` callback on one that is not, and waits for that callback
 in short slices; then it checks again. So ``KeyboardInterrupt`` arrives at once, a deadline
 can be kept, and a wait on a plugin whose devices are host threads can notice that the
-process stopped using CPU altogether: a deadlock inside the plugin (docs/notes/runtime.md,
-"Waiting"). One callback at a time, because each costs a thread state and the GIL on a
+process stopped using CPU altogether: a deadlock inside the plugin (the documentation's
+Architecture page, "Waiting for a plugin"). One callback at a time, because each costs a thread state and the GIL on a
 plugin thread, and the devices of one execution finish together.
 
 A wait that is given up (interrupted, timed out) stays registered, together with any host
@@ -26,16 +26,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import cffi
+
 from ..errors import PjrtError
 from . import _fastpath
 from ._cdef import ffi
-from ._library import new_args
+from ._args import new_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._library import Library
 
 logger = logging.getLogger(__name__)
-_pjrtp_finish_ready = _fastpath.library.pjrtp_finish_ready if _fastpath.library is not None else None
+_pjrtp_finish_ready: Any = _fastpath.library.pjrtp_finish_ready if _fastpath.library is not None else None
 
 #: How long the waiting thread sleeps between checks of its deadline and of CPU progress.
 WAIT_SLICE_S = 0.25
@@ -126,6 +128,8 @@ class ReadyEvents:
             return errors
         if status == _fastpath.READINESS_UNKNOWN:  # the plugin cannot say: the caller waits for callbacks
             lib.error_to_exception(plan.errors[0], "PJRT_Event_IsReady")  # read and destroyed
+        elif status == _fastpath.INVALID_ARGUMENTS:  # a plan or count the runtime made wrongly: nothing touched
+            raise RuntimeError(f"pjrtp_finish_ready refused its plan or its {count} event(s) (a bug in pjrt_plugins)")
         return None  # RUNNING: not done yet
 
     def _errors_in_python(self, events: Sequence[Any], function: str) -> list[PjrtError | None] | None:
@@ -277,6 +281,7 @@ class EventWait:
                     self._arm(unhandled[-1])  # devices start in order: the last tends to finish last
                 if watch is None:
                     watch = _Watch(timeout, stall_timeout)
+                assert self._fired_signal is not None  # made above before the first callback was armed
                 watch.until(self._fired_signal)
         except BaseException:
             self._give_up()
@@ -364,6 +369,8 @@ class _Watch:
 
     def _stalled(self, now: float) -> bool:
         window = self.stall_timeout
+        if window is None:
+            return False
         cpu = time.process_time()
         samples = self.samples
         samples.append((now, cpu))
@@ -393,8 +400,6 @@ def _end_before_plugin_destructors() -> None:
     pending = abandoned_waits()
     if not pending:
         return
-    import cffi
-
     libc = cffi.FFI()
     libc.cdef("int on_exit(void (*function)(int, void *), void *arg); void _exit(int status);")
     try:
@@ -413,14 +418,17 @@ def _end_before_plugin_destructors() -> None:
 atexit.register(_end_before_plugin_destructors)
 
 
-def _callback_failed(exc_type: type, value: BaseException, tb: Any) -> None:
+def _callback_failed(exc_type: type[BaseException], value: BaseException, tb: Any) -> None:
     logger.error("PJRT_Event_OnReady callback failed", exc_info=(exc_type, value, tb))
 
 
-@ffi.callback("PJRT_Event_OnReadyCallback", onerror=_callback_failed)
-def _on_ready(error: Any, user_arg: Any) -> None:
+def _event_ready(error: Any, user_arg: Any) -> None:
     wait, index = ffi.from_handle(user_arg)
     try:
         wait._fired(index, error)
     finally:
         wait._handles.pop(index, None)  # fired once: the handle (which refers back to the wait) is done
+
+
+#: The C callback given to PJRT_Event_OnReady: calls :func:`_event_ready` on a plugin thread.
+_on_ready: Any = ffi.callback("PJRT_Event_OnReadyCallback", onerror=_callback_failed)(_event_ready)

@@ -14,23 +14,24 @@ import logging
 import threading
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..errors import ClientClosedError, ExecutionStuckError, PjrtError, UnsupportedFunctionError
+from . import _fastpath
+from ._args import MAX_TEXT_BYTES, new_args, unpack_text
 from ._buffer import Buffer
 from ._cdef import ffi
+from ._devices import Device
 from ._dtypes import numpy_dtype_of, numpy_dtype_of_xla_primitive
-from . import _fastpath
 from ._events import EventWait, ReadyEvents, WaitExpired
 from ._inflight import OwnedHandle, free_deferred
-from ._library import new_args, unpack_text
 from ._named_values import decode_named_values
 from ._proto import length_delimited_fields, varint_fields
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._client import Client, Device
+if TYPE_CHECKING:  # pragma: no cover - annotations only: the client is the layer above
+    from ._client import Client
 
 logger = logging.getLogger(__name__)
 _UNIMPLEMENTED = 12
@@ -44,7 +45,7 @@ _SHAPE_DIMENSIONS = 3
 _LAUNCH_IDS = 2**31  # PJRT_ExecuteOptions.launch_id is a C int
 _EXECUTE = "PJRT_LoadedExecutable_Execute"
 _launch_ids_lock = threading.Lock()
-_pjrtp_execute = _fastpath.library.pjrtp_execute if _fastpath.library is not None else None
+_pjrtp_execute: Any = _fastpath.library.pjrtp_execute if _fastpath.library is not None else None
 
 
 def _parameters_from_hlo_module(module: bytes) -> list[tuple[tuple[int, ...], np.dtype]] | None:
@@ -82,7 +83,7 @@ class _ExecuteFrame:
         num_args: int,
         num_outputs: int,
         params: Any,
-        pool: list,
+        pool: list[_ExecuteFrame],
         launch_ids: Any,
     ) -> None:
         self.inner_args = [ffi.new("PJRT_Buffer*[]", max(1, num_args)) for _ in range(num_devices)]
@@ -128,17 +129,21 @@ class Executable(OwnedHandle):
         self._client = client
         self._lib = lib = client._lib
         self._ptr = loaded  # the PJRT_LoadedExecutable; None once deleted
-        self._calls: list = []  # calls in flight on this executable (see _inflight)
+        self._calls: list[None] = []  # calls in flight on this executable (see _inflight)
         self._exe: Any = None  # its PJRT_Executable, used within counted calls only
         try:
             self._exe = lib.invoke("PJRT_LoadedExecutable_GetExecutable", loaded_executable=loaded).executable
+            if self._exe == ffi.NULL:
+                raise lib.broken_answer("PJRT_LoadedExecutable_GetExecutable", "returned no executable")
         except BaseException:
             lib.invoke("PJRT_LoadedExecutable_Destroy", executable=loaded)
             raise
         # The client's registry owns both handles: whoever pops them (delete or close) frees them.
         client._live_executables[id(self)] = (self._exe, loaded)
         self._frames: dict[tuple[int, int], list[_ExecuteFrame]] = {}
-        self.num_outputs = int(lib.invoke("PJRT_Executable_NumOutputs", executable=self._exe).num_outputs)
+        outputs = lib.invoke("PJRT_Executable_NumOutputs", executable=self._exe).num_outputs
+        #: Outputs per device (checked: a count no program has is refused before anything is sized by it).
+        self.num_outputs = lib.count(self._exe, outputs, "PJRT_Executable_NumOutputs", "outputs")
         self._addressable: list[Device] | None = None
         self._facts: dict[str, Any] = {}
         self._launch_ids: Any = None  # itertools.count, started on the first execute
@@ -188,7 +193,7 @@ class Executable(OwnedHandle):
     def _size_fact(self, function: str, field: str) -> int:
         if field not in self._facts:
             self._facts[field] = int(getattr(self._invoke(function), field))
-        return self._facts[field]
+        return cast(int, self._facts[field])
 
     @property
     def name(self) -> str:
@@ -196,7 +201,7 @@ class Executable(OwnedHandle):
             with self._call():
                 args = self._lib.invoke("PJRT_Executable_Name", executable=self._exe)
                 self._facts["name"] = unpack_text(args.executable_name, args.executable_name_size)
-        return self._facts["name"]
+        return cast(str, self._facts["name"])
 
     @property
     def num_replicas(self) -> int:
@@ -215,10 +220,12 @@ class Executable(OwnedHandle):
         """The shape of each output (per device)."""
         if "output_shapes" not in self._facts:
             with self._call():
-                args = self._lib.invoke("PJRT_Executable_OutputDimensions", executable=self._exe)
+                function = "PJRT_Executable_OutputDimensions"
+                args = self._lib.invoke(function, executable=self._exe)
+                ranks = [int(r) for r in args.dim_sizes[0 : self._lib.count(args.dim_sizes, args.num_outputs, function, "outputs")]]
+                self._lib.count(args.dims, sum(ranks), function, "dimensions")  # all of them at one address
                 shapes, start = [], 0
-                for i in range(args.num_outputs):
-                    rank = int(args.dim_sizes[i])
+                for rank in ranks:
                     shapes.append(tuple(int(args.dims[start + j]) for j in range(rank)))
                     start += rank
             self._facts["output_shapes"] = shapes
@@ -229,10 +236,10 @@ class Executable(OwnedHandle):
         """The numpy dtype of each output (per device)."""
         if "output_dtypes" not in self._facts:
             with self._call():
-                args = self._lib.invoke("PJRT_Executable_OutputElementTypes", executable=self._exe)
-                self._facts["output_dtypes"] = [
-                    numpy_dtype_of(int(ffi.cast("int", args.output_types[i]))) for i in range(args.num_output_types)
-                ]
+                function = "PJRT_Executable_OutputElementTypes"
+                args = self._lib.invoke(function, executable=self._exe)
+                count = self._lib.count(args.output_types, args.num_output_types, function, "output types")
+                self._facts["output_dtypes"] = [numpy_dtype_of(int(ffi.cast("int", args.output_types[i]))) for i in range(count)]
         return list(self._facts["output_dtypes"])
 
     @property
@@ -255,8 +262,11 @@ class Executable(OwnedHandle):
     @property
     def output_memory_kinds(self) -> list[str]:
         with self._call():
-            args = self._lib.invoke("PJRT_Executable_OutputMemoryKinds", executable=self._exe)
-            return [unpack_text(args.memory_kinds[i], args.memory_kind_sizes[i]) for i in range(args.num_outputs)]
+            function = "PJRT_Executable_OutputMemoryKinds"
+            args = self._lib.invoke(function, executable=self._exe)
+            count = self._lib.count(args.memory_kinds, args.num_outputs, function, "memory kinds")
+            self._lib.count(args.memory_kind_sizes, count, function, "memory kind sizes")
+            return [unpack_text(args.memory_kinds[i], args.memory_kind_sizes[i]) for i in range(count)]
 
     @property
     def fingerprint(self) -> str | None:
@@ -274,23 +284,23 @@ class Executable(OwnedHandle):
                 if exc.code != _UNIMPLEMENTED:
                     raise
             self._facts["fingerprint"] = value
-        return self._facts["fingerprint"]
+        return cast("str | None", self._facts["fingerprint"])
 
     def cost_analysis(self) -> dict[str, Any]:
         """The plugin's cost properties (flops, bytes accessed, ...), possibly empty."""
         with self._call():
             args = self._lib.invoke("PJRT_Executable_GetCostAnalysis", executable=self._exe)
-            return decode_named_values(args.properties, args.num_properties)
+            return decode_named_values(args.properties, args.num_properties, "PJRT_Executable_GetCostAnalysis")
 
     @property
     def addressable_devices(self) -> list[Device]:
         """The devices this executable runs on, in the order execute() takes argument lists."""
         if self._addressable is None:
             with self._call() as loaded:
-                args = self._lib.invoke("PJRT_LoadedExecutable_AddressableDevices", executable=loaded)
-                self._addressable = [
-                    self._client._device(args.addressable_devices[i]) for i in range(args.num_addressable_devices)
-                ]
+                function = "PJRT_LoadedExecutable_AddressableDevices"
+                args = self._lib.invoke(function, executable=loaded)
+                count = self._lib.count(args.addressable_devices, args.num_addressable_devices, function, "devices")
+                self._addressable = [self._client._device(args.addressable_devices[i], function) for i in range(count)]
         return list(self._addressable)
 
     def optimized_program(self) -> tuple[str, bytes]:
@@ -326,14 +336,17 @@ class Executable(OwnedHandle):
             from jaxlib import xla_client
         except ImportError:
             raise NotImplementedError("printing optimized HLO needs jaxlib (pip install jaxlib)") from None
-        return xla_client.XlaComputation(code).as_hlo_text()
+        return str(xla_client.XlaComputation(code).as_hlo_text())
 
     def serialize(self) -> bytes:
         """Plugin-specific bytes for :meth:`Client.deserialize_executable` (same plugin build)."""
         with self._call():
             args = self._lib.invoke("PJRT_Executable_Serialize", executable=self._exe)
             try:
-                return ffi.unpack(args.serialized_bytes, args.serialized_bytes_size)
+                size = args.serialized_bytes_size
+                if size and (args.serialized_bytes == ffi.NULL or size > MAX_TEXT_BYTES):
+                    raise self._lib.broken_answer("PJRT_Executable_Serialize", f"gave {size} bytes at {args.serialized_bytes}")
+                return bytes(ffi.unpack(args.serialized_bytes, size)) if size else b""
             finally:
                 if args.serialized_executable_deleter != ffi.NULL:
                     args.serialized_executable_deleter(args.serialized_executable)
@@ -427,7 +440,7 @@ class Executable(OwnedHandle):
             params = self.parameters
         if params is not None and len(params) != num_args:
             raise ValueError(f"this program takes {len(params)} argument(s) per device, got {num_args}")
-        return params
+        return cast("list[tuple[tuple[int, ...], np.dtype[Any]]] | None", params)
 
     def _execute(
         self, frame: _ExecuteFrame, args_per_device: Sequence[Sequence[Buffer]], device: Device | int | None, wait: bool
@@ -476,6 +489,8 @@ class Executable(OwnedHandle):
             status = _pjrtp_execute(plan)  # the launch id, and the events when they are ready already
             if status == _fastpath.EXECUTE_FAILED:
                 raise self._lib.error_to_exception(plan.execute_error, _EXECUTE)
+            if status == _fastpath.INVALID_ARGUMENTS:  # a frame the runtime built wrongly: nothing ran
+                raise RuntimeError("pjrtp_execute refused the execute frame's plan; nothing ran (a bug in pjrt_plugins)")
         else:
             frame.options.launch_id = next(self._launch_ids) % _LAUNCH_IDS
             status = _fastpath.RUNNING  # nothing waited for yet
@@ -483,11 +498,18 @@ class Executable(OwnedHandle):
             if err:
                 raise self._lib.error_to_exception(err, _EXECUTE)
         outputs = []
+        complete = True
         for inner in frame.inner_outputs:
             row = []
             for i, (shape, dtype, read) in enumerate(template):
-                row.append(Buffer(client, inner[i], shape, dtype, read, wait))
+                ptr = inner[i]
+                if ptr:
+                    row.append(Buffer(client, ptr, shape, dtype, read, wait))
+                else:  # a plugin that reports success without an output: never wrapped, never freed
+                    complete = False
             outputs.append(row)
+        if not complete:
+            self._refuse_missing_outputs(frame, status, outputs, device, wait)
         if wait and status:  # not finished by the fast path, or finished with errors
             errors = self._execute_errors(frame, status, outputs, device)
             if any(errors):
@@ -496,6 +518,21 @@ class Executable(OwnedHandle):
         if frame.template is None and outputs:
             self._learn_output_plans(frame, outputs[0])
         return outputs
+
+    def _refuse_missing_outputs(
+        self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None, wait: bool
+    ) -> None:
+        """Raise for an execute that reported success but left outputs NULL, once its events are
+        finished (a device's own error, if one failed, is the more useful report); the outputs it
+        did return are released."""
+        d, i = next((d, i) for d, inner in enumerate(frame.inner_outputs) for i in range(self.num_outputs) if not inner[i])
+        try:
+            errors = self._execute_errors(frame, status, outputs, device) if wait and status else []
+        finally:
+            _release(outputs)
+        raise next((error for error in errors if error is not None), None) or self._lib.broken_answer(
+            _EXECUTE, f"returned no output {i} for device {d} (NULL) of {len(frame.inner_outputs)} device(s)"
+        )
 
     def _execute_errors(
         self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None

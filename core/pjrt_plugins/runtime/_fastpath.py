@@ -1,11 +1,12 @@
 """The runtime's compiled fast path (``csrc/fastpath.c``): an execute with its wait, the finish of
-ready events, and a pinned read, each in one C call instead of several through libffi (dispatch
-cost, issue 16).
+ready events, and a pinned read, each in one C call instead of several through libffi, each of
+which costs about 0.2 us (the Architecture page, "The hot paths").
 
-Optional. When the library is missing, damaged or built from other declarations than this
-package's, or ``PJRT_PLUGINS_FASTPATH=0`` is set, the runtime makes the same calls from Python:
-the same results, a few microseconds more per execute. It says why once (a RuntimeWarning,
-or a log line for the variable). ``pjrt-plugins doctor`` reports which path runs.
+Optional. When the library is missing, damaged or replaced (its checksum, checked before it is
+opened), built from other declarations than this package's, or ``PJRT_PLUGINS_FASTPATH`` is
+off (``0``, ``false``, ``no``, ``off``), the runtime makes the same calls from Python: the same
+results, a few microseconds more per execute. It says why once (a RuntimeWarning, or a log line
+for the variable). ``pjrt-plugins doctor`` reports which path runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .._env import BOOLEAN_WORDS, parse_bool
 from ..errors import LibraryLoadError
+from . import _file_checksum
 from ._cdef import FASTPATH_CRC, ffi
 from ._elf import check_shared_library
 
@@ -27,21 +30,52 @@ logger = logging.getLogger(__name__)
 
 # Statuses of pjrtp_finish_ready and pjrtp_execute (PJRTP_Status in _cdef.FASTPATH_DECLARATIONS).
 DONE, DONE_WITH_ERRORS, EXECUTE_FAILED, RUNNING, READINESS_UNKNOWN = range(5)
+#: pjrtp_finish_ready or pjrtp_execute refused its arguments and touched nothing (csrc/fastpath.c).
+INVALID_ARGUMENTS = -1
 #: The function that failed in pjrtp_read_pinned, by PJRTP_ReadStep.
 READ_STEPS = (
     "PJRT_Buffer_IncreaseExternalReferenceCount",
     "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
     "PJRT_Buffer_DecreaseExternalReferenceCount",
 )
+#: pjrtp_read_pinned's failed steps of its own (csrc/fastpath.c): the plugin gave NULL as the address
+#: of the bytes, or the call refused its arguments. It then returns a marker, never a plugin's error.
+STEP_NO_DATA, STEP_INVALID = 3, 4
+
+
+def switched_off() -> str | None:
+    """``"PJRT_PLUGINS_FASTPATH=<value>"`` when the variable turns the fast path off, else None.
+
+    Any case of 0/false/no/off turns it off; 1/true/yes/on or unset or blank leave it on. Anything
+    else leaves it on too, with a RuntimeWarning that says how to write it.
+    """
+    raw = os.environ.get(ENV_VARIABLE, "").strip()
+    if not raw:
+        return None
+    try:
+        on = parse_bool(raw)
+    except ValueError:
+        warnings.warn(
+            f"{ENV_VARIABLE}={raw!r} is not a boolean ({BOOLEAN_WORDS}); the compiled fast path stays on. "
+            f"Set {ENV_VARIABLE}=0 to run without it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return None if on else f"{ENV_VARIABLE}={raw}"
 
 
 def _load() -> tuple[Any, str]:
     """``(library, "")``, or ``(None, why it is not used)``."""
-    if os.environ.get(ENV_VARIABLE, "").strip() == "0":
-        return None, f"{ENV_VARIABLE}=0 is set"
+    off = switched_off()
+    if off is not None:
+        return None, f"{off} is set"
     path = Path(__file__).with_name(LIBRARY_FILE)
     if not path.is_file():
         return None, f"{path} is missing"
+    problem = _file_checksum.problem(path)  # before dlopen, which runs the file's constructors
+    if problem is not None:
+        return None, f"{path} cannot be loaded: {problem}"
     try:
         check_shared_library(str(path))
         library = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_LOCAL)

@@ -17,10 +17,10 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from .._defaults import DEFAULT_INITIALIZE_TIMEOUT_S
 from .._native_logs import apply_native_log_settings
+from .._timeouts import DEFAULT_INITIALIZE_TIMEOUT_S, checked_timeout
 from ..errors import (
     ApiVersionError,
     LibraryLoadError,
@@ -29,9 +29,10 @@ from ..errors import (
     PluginTimeoutError,
     UnsupportedFunctionError,
 )
-from . import _cdef
+from . import _cdef, _events
+from ._args import Pool, args_pool, broken_answer, checked_count, new_args, version_text
 from ._bounded import BoundedCall
-from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, POINTER_CTYPES, STRUCT_SIZE, ffi
+from ._cdef import API_MAJOR, HEADER_MINOR, MIN_SUPPORTED_MINOR, STRUCT_SIZE, ffi
 from ._code_map import is_executable_address
 from ._elf import check_shared_library
 from ._named_values import decode_named_values
@@ -49,69 +50,6 @@ _ERROR_FUNCTIONS = ("PJRT_Error_Destroy", "PJRT_Error_Message", "PJRT_Error_GetC
 _STRUCT_SIZE_HINT = re.compile(r"Unexpected \S+ size: expected \d+, got \d+")
 
 
-def new_args(struct: str) -> Any:
-    """A zeroed ``struct*`` with its ``struct_size`` set (our header's STRUCT_SIZE).
-
-    For raw calls: ``args = new_args("PJRT_Buffer_Dimensions_Args")``, fill it (e.g.
-    ``args.buffer = buffer.c_pointer()``), then ``library.call("PJRT_Buffer_Dimensions", args)``;
-    or let :meth:`Library.invoke` make it: ``library.invoke("PJRT_Buffer_Dimensions", buffer=...)``.
-    """
-    args = ffi.new(POINTER_CTYPES[struct])
-    args.struct_size = STRUCT_SIZE[struct]
-    return args
-
-
-class Pool(list, Generic[T]):
-    """Reusable objects for hot paths (args structs, sets of them): ``item = pool.take()``, use it,
-    ``pool.give(item)``; saves an allocation per call.
-
-    A free list (the pool is the list of free items): ``pop`` and ``append`` are atomic under
-    the GIL, so an item that was taken belongs to its taker until given back; another thread,
-    or a finalizer (``__del__`` of a Buffer run by a garbage collection) that interrupts the
-    taker on its own thread, takes another one or makes a new one. An item not given back (an
-    exception) is simply dropped. ``give`` is ``list.append`` itself (no Python frame).
-    Finalizers may use any of them: every declared type is resolved at import
-    (``_cdef.POINTER_CTYPES``), so a finalizer never runs cffi's type parser, which holds a lock and
-    is not re-entrant (a collection during a first ``ffi.typeof`` would deadlock on it).
-    """
-
-    __slots__ = ("_make",)
-
-    def __init__(self, make: Callable[[], T]) -> None:
-        super().__init__()
-        self._make = make
-
-    def take(self) -> T:
-        try:
-            return self.pop()
-        except IndexError:
-            return self._make()
-
-    give = list.append
-
-
-_pools: dict[str, Pool[Any]] = {}
-
-
-def args_pool(struct: str) -> Pool[Any]:
-    """The process-wide :class:`Pool` of ``struct`` args (e.g. ``"PJRT_Event_IsReady_Args"``)."""
-    pool = _pools.get(struct)
-    if pool is None:
-        pool = _pools.setdefault(struct, Pool(functools.partial(new_args, struct)))
-    return pool
-
-
-def unpack_text(pointer: Any, size: int) -> str:
-    """A plugin-owned ``char*`` of ``size`` bytes as str ("" for NULL; bad UTF-8 replaced)."""
-    if pointer == ffi.NULL:
-        return ""
-    return ffi.unpack(pointer, size).decode("utf-8", "replace")
-
-
-def version_text(version: tuple[int, int]) -> str:
-    return f"{version[0]}.{version[1]}"
-
-
 def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> Library:
     """Open the PJRT plugin at ``path`` (once per resolved path) without initializing it.
 
@@ -123,6 +61,7 @@ def load_library(path: str | os.PathLike[str], timeout: float | None = None) -> 
     have not returned within ``timeout`` seconds (default: 60; a later call waits for the
     same attempt).
     """
+    timeout = checked_timeout(timeout, "load_library(timeout)")
     given = Path(os.fspath(path))
     if not given.exists():
         raise LibraryLoadError(f"PJRT plugin library {str(given)!r} does not exist")
@@ -190,7 +129,9 @@ class Library:
         self._init_call: BoundedCall[None] | None = None
         self._initialized = False
         self._attributes: dict[str, Any] | None = None
-        self._error_message = self._error_get_code = self._error_destroy = None
+        self._error_message: Any = None  # the three error functions, bound at _open
+        self._error_get_code: Any = None
+        self._error_destroy: Any = None
         self._pools: dict[Callable[[Library], Any], Pool[Any]] = {}
 
     # -- opening ---------------------------------------------------------------------
@@ -333,6 +274,16 @@ class Library:
             pool = self._pools.setdefault(kind, Pool(functools.partial(kind, self)))
         return pool
 
+    def broken_answer(self, function: str, what: str) -> PjrtError:
+        """The error for ``function`` reporting success with an answer that cannot be used
+        (``what``: "returned no executable"); never used, as using it would crash the process."""
+        return broken_answer(function, what, repr(self.name))
+
+    def count(self, pointer: Any, count: int, function: str, what: str) -> int:
+        """``count`` items of ``function``'s answer at ``pointer``, checked before any is read
+        (not NULL when there are some, not more than any plugin has)."""
+        return checked_count(pointer, count, function, what, repr(self.name))
+
     def supports_field(self, struct: str, field: str) -> bool:
         """Whether a plugin of this version knows ``struct.field`` (appended fields)."""
         added = _cdef.FIELDS_ADDED.get((struct, field))
@@ -354,7 +305,10 @@ class Library:
         paths fill (and reuse) their own structs and use :meth:`call`.
         """
         self._fn(name)  # an unknown or unsupported function raises before a struct is made for it
-        args = new_args(_cdef.SLOTS_BY_NAME[name].args)
+        struct = _cdef.SLOTS_BY_NAME[name].args
+        if struct is None:
+            raise TypeError(f"{name} takes no args struct; call it through library.function({name!r})")
+        args = new_args(struct)
         for field, value in fields.items():
             setattr(args, field, value)
         self.call(name, args)
@@ -405,6 +359,8 @@ class Library:
         """
         if event == ffi.NULL:
             return
+        if timeout is not None:
+            timeout = checked_timeout(timeout, "await_event(timeout)")
         errors = _events.errors_if_ready(self, (event,), function)
         if errors is None:
             try:
@@ -449,6 +405,7 @@ class Library:
         :class:`PluginInitializeTimeoutError` is raised and the thread is left behind (a
         plugin cannot be interrupted). A later call waits for that same first attempt.
         """
+        timeout = checked_timeout(timeout, "Library.initialize(timeout)")
         if self._initialized:
             return
         if timeout is None:
@@ -483,7 +440,7 @@ class Library:
                 self._attributes = {}
             else:
                 args = self.invoke("PJRT_Plugin_Attributes")
-                self._attributes = decode_named_values(args.attributes, args.num_attributes)
+                self._attributes = decode_named_values(args.attributes, args.num_attributes, "PJRT_Plugin_Attributes")
         return dict(self._attributes)
 
     # -- extensions ------------------------------------------------------------------
@@ -530,5 +487,3 @@ class Library:
 
 _IS_READY = args_pool("PJRT_Event_IsReady_Args")
 _DESTROY_EVENT = args_pool("PJRT_Event_Destroy_Args")
-
-from . import _events  # noqa: E402 - last: _events uses new_args from this module

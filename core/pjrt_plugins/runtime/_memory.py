@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 from ..errors import PjrtError, UnsupportedExtensionError, UnsupportedFunctionError
 from ._cdef import ffi
 from ._cdef import field_end as _field_end
-from ._library import new_args, unpack_text
+from ._args import new_args, unpack_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._client import Device
+    from ._devices import Device
 
 _UNIMPLEMENTED = 12  # absl::StatusCode::kUnimplemented
 #: Statistics a plugin may report besides ``bytes_in_use`` (each has an ``_is_set`` flag).
@@ -57,8 +57,8 @@ def memory_stats(device: Device) -> dict[str, int]:
     name = "PJRT_Device_MemoryStats"
     try:
         function = ffi.cast("PJRT_Device_MemoryStats_Fn*", lib.function(name))
-    except UnsupportedFunctionError as exc:
-        raise _not_provided(device, "device memory statistics", str(exc), name) from None
+    except UnsupportedFunctionError as missing:
+        raise _not_provided(device, "device memory statistics", str(missing), name) from None
     args = new_args("PJRT_Device_MemoryStats_Args")
     args.device = device._ptr
     with device._call():

@@ -7,9 +7,10 @@ it until the C call that reads the array has returned.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..options import NamedValue, OptionType
+from ._args import checked_count, unpack_text
 from ._cdef import STRUCT_SIZE, ffi
 
 
@@ -36,7 +37,7 @@ class EncodedNamedValues:
                 slot.string_value = data_c
                 slot.value_size = len(data)
             elif kind is OptionType.INT64:
-                slot.int64_value = int(value.value)
+                slot.int64_value = cast(int, value.value)  # validate_options made it an int
                 slot.value_size = 1
             elif kind is OptionType.INT64_LIST:
                 items = [int(v) for v in value.value]  # type: ignore[union-attr]
@@ -47,7 +48,7 @@ class EncodedNamedValues:
                 slot.int64_array_value = data_c
                 slot.value_size = len(items)
             elif kind is OptionType.FLOAT:
-                slot.float_value = float(value.value)
+                slot.float_value = cast(float, value.value)  # validate_options made it a float
                 slot.value_size = 1
             elif kind is OptionType.BOOL:
                 slot.bool_value = bool(value.value)
@@ -60,23 +61,24 @@ class EncodedNamedValues:
         return self.array if self.count else ffi.NULL
 
 
-def decode_named_values(array: Any, count: int) -> dict[str, Any]:
-    """Turn a plugin-owned ``PJRT_NamedValue[count]`` into ``{name: value}`` (lists as tuples)."""
+def decode_named_values(array: Any, count: int, function: str = "a PJRT function") -> dict[str, Any]:
+    """Turn a plugin-owned ``PJRT_NamedValue[count]`` (``function``'s answer) into ``{name: value}``
+    (lists as tuples)."""
     result: dict[str, Any] = {}
     if array == ffi.NULL:
         return result
-    for i in range(int(count)):
+    for i in range(checked_count(array, count, function, "named values", "the plugin")):
         item = array[i]
-        name = ffi.unpack(item.name, item.name_size).decode("utf-8", "replace")
+        name = unpack_text(item.name, item.name_size)
         kind = int(ffi.cast("int", item.type))
         size = int(item.value_size)
         value: Any
         if kind == OptionType.STRING:
-            value = ffi.unpack(item.string_value, size).decode("utf-8", "replace") if size else ""
+            value = unpack_text(item.string_value, size) if size else ""
         elif kind == OptionType.INT64:
             value = int(item.int64_value)
         elif kind == OptionType.INT64_LIST:
-            value = tuple(ffi.unpack(item.int64_array_value, size)) if size else ()
+            value = tuple(ffi.unpack(item.int64_array_value, checked_count(item.int64_array_value, size, function, "integers", "the plugin"))) if size else ()
         elif kind == OptionType.FLOAT:
             value = float(item.float_value)
         elif kind == OptionType.BOOL:

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import PjrtError, UnsupportedExtensionError
 from ._cdef import ffi, field_end
-from ._library import Library, new_args, unpack_text
+from ._args import new_args, unpack_text
+from ._library import Library
 from ._proto import length_delimited_fields
 
 logger = logging.getLogger(__name__)

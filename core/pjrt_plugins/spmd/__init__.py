@@ -18,8 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import InputShardingError, ShardingConflictError, ShardingError, SpmdDisabledError, VirtualDeviceError
+from ..errors import (
+    InputShardingError,
+    ManualShardingError,
+    ShardingConflictError,
+    ShardingError,
+    SpmdDisabledError,
+    VirtualDeviceError,
+)
 from . import devices as _devices
+from .collectives import disable_manual_sharding, enable_manual_sharding
 from .devices import (
     HybridMesh,
     Mesh,
@@ -67,6 +75,7 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
 __all__ = [
     "HybridMesh",
     "InputShardingError",
+    "ManualShardingError",
     "Mesh",
     "Metrics",
     "OpSharding",
@@ -88,6 +97,8 @@ __all__ = [
     "convert_to_xla_mesh",
     "convert_to_xla_partition_spec",
     "device",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
     "get_1d_mesh",
     "get_global_mesh",
     "init_device_mesh",

@@ -59,7 +59,7 @@ def install() -> None:
     _api._dtensor_init_helper = _route_factories(_api._dtensor_init_helper)  # torch.distributed.tensor.zeros, ...
     DTensor.from_local = staticmethod(_route_from_local(DTensor.from_local))  # type: ignore[method-assign]
     for cls, apply in _STYLES.items():
-        cls._apply = _route_style(cls, apply)  # type: ignore[method-assign]
+        cls._apply = _route_style(cls, apply)  # type: ignore[attr-defined]
     for cls, name in ((Shard, "_make_shard_tensor"), (_StridedShard, "_make_shard_tensor"),
                       (Replicate, "_make_replicate_tensor")):
         setattr(cls, name, classmethod(_refuse_per_rank_pieces(getattr(cls, name).__func__)))
@@ -240,7 +240,7 @@ def _shard_parameters(placement_by_type: dict[type, Placement], style_name: str)
     def partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
         for kind, placement in placement_by_type.items():
             if isinstance(module, kind):
-                for param in module.parameters(recurse=False):
+                for param in module.parameters(recurse=False):  # type: ignore[attr-defined]
                     distribute(param, mesh, [placement])
                 return
         raise NotImplementedError(f"{style_name} currently only support nn.Linear and nn.Embedding!")

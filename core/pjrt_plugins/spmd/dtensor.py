@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -90,7 +90,7 @@ def convert_to_xla_mesh(dt_mesh: DeviceMesh) -> Mesh:
         raise PlacementError(f"{dt_mesh} is a sub-mesh: it spans {dt_mesh.size()} of the "
                              f"{virtual_device().num_devices} devices; convert its root mesh, or pass the sub-mesh "
                              "to xla_distribute_tensor, which maps it onto the root mesh's axes")
-    return mesh_axes(dt_mesh, "dt_mesh").mesh
+    return cast(Mesh, mesh_axes(dt_mesh, "dt_mesh").mesh)  # a DeviceMesh's root converts to a device-checked xs.Mesh
 
 
 def convert_to_xla_partition_spec(tensor: torch.Tensor, placements: Sequence[Placement]) -> tuple:

@@ -66,9 +66,9 @@ def size_based_auto_wrap_policy(
     ``nn.MultiheadAttention``) and never wraps ``exclude_wrap_modules`` (default
     :attr:`EXCLUDE_WRAP_MODULES`: ``nn.ModuleList``, ``nn.ModuleDict``, which have no forward).
     """
-    leaves = size_based_auto_wrap_policy.FORCE_LEAF_MODULES if force_leaf_modules is None else force_leaf_modules
-    excluded = (size_based_auto_wrap_policy.EXCLUDE_WRAP_MODULES if exclude_wrap_modules is None
-                else exclude_wrap_modules)
+    defaults: Any = size_based_auto_wrap_policy  # the defaults are attributes of the function, as in torch_xla
+    leaves = defaults.FORCE_LEAF_MODULES if force_leaf_modules is None else force_leaf_modules
+    excluded = defaults.EXCLUDE_WRAP_MODULES if exclude_wrap_modules is None else exclude_wrap_modules
     if unwrapped_params < min_num_params:
         return False
     return not isinstance(module, tuple(leaves if recurse else excluded))

@@ -1,9 +1,11 @@
-"""PyTorch/XLA's ``torch_xla.core.xla_model`` (``xm``) for SPMD code: the device, steps, RNG, saving.
+"""PyTorch/XLA's ``torch_xla.core.xla_model`` (``xm``) for SPMD code: the device, steps, RNG, saving, collectives.
 
 Port: ``import torch_xla.core.xla_model as xm`` becomes ``import pjrt_plugins.spmd.xla_model as xm``
-(and ``'xla'`` becomes ``'pjrt'``). One process drives every device through ``pjrt:0``, so the
-replica-level collectives of multi-process data parallelism (``all_reduce``, ``reduce_gradients``, ...)
-have nothing to do here: the partitioner inserts the collectives a sharded program needs.
+(and ``'xla'`` becomes ``'pjrt'``). One process drives every device through ``pjrt:0``: the
+partitioner inserts the collectives a sharded program needs. The collectives here (``all_reduce``,
+``all_gather``, ``reduce_scatter``, ``all_to_all``, ``collective_permute``) are those of manual-sharding
+regions (``xs.enable_manual_sharding``), where each device runs on its own shard; the replica-level
+helpers of multi-process data parallelism (``reduce_gradients``, ...) have nothing to do here.
 """
 
 from __future__ import annotations
@@ -19,11 +21,34 @@ from torch.utils import _pytree as pytree
 from ..runtime import MemoryInfo
 from . import devices as _devices
 from . import runtime as _xr
+from .collectives import (
+    REDUCE_AND,
+    REDUCE_MAX,
+    REDUCE_MIN,
+    REDUCE_MUL,
+    REDUCE_OR,
+    REDUCE_SUM,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    collective_permute,
+    reduce_scatter,
+)
 from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine
 from .frontend import send_cpu_data_to_device as _send
 from .frontend.tensor import XLAShardedTensor, materialize, to_cpu, unwrap
 
 __all__ = [
+    "REDUCE_AND",
+    "REDUCE_MAX",
+    "REDUCE_MIN",
+    "REDUCE_MUL",
+    "REDUCE_OR",
+    "REDUCE_SUM",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "collective_permute",
     "fork_rng",
     "get_local_ordinal",
     "get_memory_info",
@@ -35,6 +60,7 @@ __all__ = [
     "mark_step",
     "master_print",
     "optimizer_step",
+    "reduce_scatter",
     "rendezvous",
     "save",
     "send_cpu_data_to_device",

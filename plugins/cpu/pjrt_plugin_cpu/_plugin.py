@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginConfigurationError, PluginUnavailableError, env_int, find_library, hookimpl
+from pjrt_plugins import DevicePlugin, PluginConfigurationError, env_int, find_library, hookimpl
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ DEFAULT_STALL_TIMEOUT_S = 10.0
 #: XNNPACK fusions rebuild their runtime inside a program and then wait for tasks queued on the same
 #: intra-op pool that collectives park threads in; with as many threads as devices (the library's
 #: default on a machine with fewer cores) every thread can end up waiting, and the program
-#: deadlocks in an all-reduce (docs/notes/backends.md, "The all-reduce deadlock").
+#: deadlocks in an all-reduce (the documentation's Backends page, "The all-reduce deadlock").
 XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
 #: XLA's pool-size variables. Unset, the library gives its pools ``max(cores, devices)`` threads:
 #: enough with XNNPACK off, where the only thread a program parks is one per device in a collective
@@ -44,21 +44,6 @@ XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
 #: THREADS_PER_DEVICE_WITH_XNNPACK threads per device instead, the margin that also ended the deadlock.
 POOL_SIZE_ENVS = ("PJRT_NPROC", "NPROC")
 THREADS_PER_DEVICE_WITH_XNNPACK = 2
-
-
-def library_problem() -> str | None:
-    """Why no library is installed, with the fix, or ``None``. Cheap: nothing is opened.
-
-    A ``PJRT_CPU_LIBRARY_PATH`` that names no regular file raises
-    ``PluginConfigurationError`` (from ``find_library``): the user meant this plugin.
-    """
-    if find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS) is None:
-        return (
-            f"the PJRT CPU library was not found: the {LIBRARY_DISTRIBUTION} package is not installed "
-            f"(or lacks {LIBRARY_IN_DISTRIBUTION}); run `pip install {LIBRARY_DISTRIBUTION}` "
-            f"or set {LIBRARY_PATH_ENV}"
-        )
-    return None
 
 
 def check_device_count(count: int, source: str) -> int:
@@ -139,7 +124,15 @@ class CpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str | None:
+        # A PJRT_CPU_LIBRARY_PATH naming no regular file raises PluginConfigurationError (find_library).
         return find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS)
+
+    @hookimpl
+    def pjrt_library_missing_hint(self) -> str:
+        return (
+            f"the {LIBRARY_DISTRIBUTION} package is not installed (or lacks {LIBRARY_IN_DISTRIBUTION}): "
+            f"run `pip install {LIBRARY_DISTRIBUTION}` or set {LIBRARY_PATH_ENV}"
+        )
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any]:
@@ -166,7 +159,8 @@ class CpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_physical_chip_count(self) -> int:
-        # The brief's convention: a CPU client's devices count as its chips.
+        # A CPU has no chips to count: a client's devices count as its chips, so torchrun's
+        # process count (one per chip) and the device count agree.
         return num_devices()
 
     @hookimpl
@@ -174,12 +168,5 @@ class CpuPlugin(DevicePlugin):
         return 0
 
     @hookimpl
-    def pjrt_unavailable_reason(self) -> str | None:
-        return library_problem()
-
-    @hookimpl
     def pjrt_preflight(self) -> None:
-        problem = library_problem()
-        if problem is not None:
-            raise PluginUnavailableError(f"plugin 'cpu': {problem}")
         num_devices()  # a malformed CPU_NUM_DEVICES fails here, before anything is opened

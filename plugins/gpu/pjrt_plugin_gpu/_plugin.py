@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, env_bool, env_int, env_value, find_library, hookimpl
+from pjrt_plugins import DevicePlugin, env_bool, env_int, env_value, find_library, hookimpl
 
 from ._devices import installed_gpu_count, visible_gpu_count
 
@@ -72,18 +72,6 @@ def env_fraction(name: str) -> float | None:
     return env_value(name, _fraction, default=None, expected="a number in (0, 1]")
 
 
-def library_problem() -> str | None:
-    """Why no usable CUDA PJRT library can be found, with the fix, or ``None``. Cheap."""
-    if find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS) is None:  # a bad override raises PluginConfigurationError
-        return (
-            "the CUDA PJRT library was not found: neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; "
-            "choose your CUDA major with an extra: `pip install 'pjrt-plugin-gpu[cuda13]'` (or [cuda12]; "
-            f"[cuda13-local] / [cuda12-local] with a system-wide CUDA), or set {LIBRARY_PATH_ENV}; with JAX in this "
-            "environment, add `'jax[cuda13]==<your jax version>'` to the same command"
-        )
-    return None
-
-
 def gpu_count() -> int:
     """GPUs this process may use: ``GPU_NUM_DEVICES``, else the driver's GPUs filtered by CUDA_VISIBLE_DEVICES."""
     explicit = env_int(NUM_DEVICES_ENV, default=-1, minimum=0)  # -1: unset
@@ -112,7 +100,17 @@ class GpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str | None:
+        # A PJRT_GPU_LIBRARY_PATH naming no regular file raises PluginConfigurationError (find_library).
         return find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS)
+
+    @hookimpl
+    def pjrt_library_missing_hint(self) -> str:
+        return (
+            "neither jax-cuda13-pjrt nor jax-cuda12-pjrt is installed; choose your CUDA major with an extra: "
+            "`pip install 'pjrt-plugin-gpu[cuda13]'` (or [cuda12]; [cuda13-local] / [cuda12-local] with a "
+            f"system-wide CUDA), or set {LIBRARY_PATH_ENV}; with JAX in this environment, add "
+            "`'jax[cuda13]==<your jax version>'` to the same command"
+        )
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any]:
@@ -159,17 +157,6 @@ class GpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_unavailable_reason(self) -> str | None:
-        problem = library_problem()
-        if problem is not None:
-            return problem
-        if gpu_count() == 0:
-            return NO_GPU_HINT
-        return None
-
-    @hookimpl
-    def pjrt_preflight(self) -> None:
-        # No GPU is not refused here: the library reports it itself within a
-        # second ("No visible GPU devices."), and only it knows for sure.
-        problem = library_problem()
-        if problem is not None:
-            raise PluginUnavailableError(f"plugin 'gpu': {problem}")
+        # No preflight: with no GPU the library itself says so within a second ("No visible GPU
+        # devices."), and only it knows for sure; the core refuses a missing library before that.
+        return NO_GPU_HINT if gpu_count() == 0 else None

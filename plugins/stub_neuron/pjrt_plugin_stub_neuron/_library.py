@@ -36,11 +36,8 @@ def library_path() -> Path:
     return Path(override) if override is not None else stub_library_path()
 
 
-def library_problem_hint() -> str | None:
-    """Why the stub library cannot be used (with the fix), or ``None``; a bad override raises (see above)."""
-    if vendor_library_override() is None and not stub_library_path().is_file():
-        return (
-            f"the stub library {STUB_LIBRARY_NAME} is missing from the installed package; reinstall "
-            "pjrt-plugin-stub-neuron from source (its build compiles the library with gcc)"
-        )
-    return None
+#: What to do when the stub library is missing (the core reports the missing file with it).
+MISSING_LIBRARY_HINT = (
+    f"the package was installed without its {STUB_LIBRARY_NAME}: reinstall pjrt-plugin-stub-neuron from "
+    f"source (its build compiles the library with gcc), or set {LIBRARY_PATH_ENV} to a vendor library"
+)

@@ -45,7 +45,12 @@ class StubNeuronPlugin(pjrt_plugins.DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str:
+        # A NEURON_LIBRARY_PATH naming no regular file raises PluginConfigurationError (find_library).
         return str(_library.library_path())
+
+    @hookimpl
+    def pjrt_library_missing_hint(self) -> str:
+        return _library.MISSING_LIBRARY_HINT
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any] | None:
@@ -81,14 +86,7 @@ class StubNeuronPlugin(pjrt_plugins.DevicePlugin):
         return PRIORITY
 
     @hookimpl
-    def pjrt_unavailable_reason(self) -> str | None:
-        return _library.library_problem_hint()  # a bad NEURON_LIBRARY_PATH raises PluginConfigurationError
-
-    @hookimpl
     def pjrt_preflight(self) -> None:
-        problem = _library.library_problem_hint()
-        if problem is not None:
-            raise PluginUnavailableError(f"plugin 'stub-neuron': {problem}")
         if self.uses_stub_library() and self.physical_chip_count() == 0:
             raise PluginUnavailableError(
                 f"plugin 'stub-neuron': {_topology.CHIP_COUNT_ENV}=0 leaves no NeuronCores to create devices on; "

@@ -57,17 +57,6 @@ NO_TPU_MESSAGE = (
 )
 
 
-def library_problem() -> str | None:
-    """Why libtpu cannot be found, with the fix, or ``None``. Cheap.
-
-    A ``TPU_LIBRARY_PATH`` that names no regular file raises ``PluginConfigurationError``
-    (from ``find_library``): the user meant this plugin.
-    """
-    if find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS) is None:
-        return f"libtpu was not found: run `pip install libtpu` or set {LIBRARY_PATH_ENV} to libtpu.so"
-    return None
-
-
 def _positive_seconds(text: str) -> float:
     value = float(text)
     if not value > 0:  # also refuses nan
@@ -151,7 +140,12 @@ class TpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_library_path(self) -> str | None:
+        # A TPU_LIBRARY_PATH naming no regular file raises PluginConfigurationError (find_library).
         return find_library(LIBRARY_PATH_ENV, LIBRARY_DISTRIBUTIONS)
+
+    @hookimpl
+    def pjrt_library_missing_hint(self) -> str:
+        return f"run `pip install libtpu` or set {LIBRARY_PATH_ENV} to libtpu.so"
 
     @hookimpl
     def pjrt_client_option_schema(self) -> dict[str, Any]:
@@ -201,9 +195,6 @@ class TpuPlugin(DevicePlugin):
 
     @hookimpl
     def pjrt_unavailable_reason(self) -> str | None:
-        problem = library_problem()
-        if problem is not None:
-            return problem
         if _host.count_tpu_chips() == 0 and not env_bool(SKIP_CHIP_CHECK_ENV):
             return NO_TPU_MESSAGE
         return None
@@ -214,9 +205,6 @@ class TpuPlugin(DevicePlugin):
             if not env_bool(SKIP_CHIP_CHECK_ENV):
                 raise PluginUnavailableError(f"plugin 'tpu': {NO_TPU_MESSAGE}")
             logger.warning("%s is set: initializing libtpu without a TPU chip in sysfs", SKIP_CHIP_CHECK_ENV)
-        problem = library_problem()
-        if problem is not None:
-            raise PluginUnavailableError(f"plugin 'tpu': {problem}")
         if not _host.on_google_compute_engine() and SKIP_MDS_QUERY_ENV not in os.environ:
             # Off GCE there is no metadata server: without this libtpu retries it for minutes.
             os.environ[SKIP_MDS_QUERY_ENV] = "1"

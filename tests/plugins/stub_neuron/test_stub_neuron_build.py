@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from stub_neuron_testkit import STUB_SOURCE
 
+from pjrt_plugin_stub_neuron import __version__ as VERSION
+
 
 @pytest.fixture
 def source_copy(tmp_path: Path) -> Path:
@@ -40,10 +42,10 @@ def test_wheel_contains_the_compiled_library_and_no_header(source_copy, tmp_path
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert f"compiling against {pjrt_header.resolve()} (PJRT C API 0.81)" in done.stdout + done.stderr
     (wheel,) = (tmp_path / "wheels").glob("*.whl")
-    assert wheel.name.startswith("pjrt_plugin_stub_neuron-0.1.0-py3-none-linux_")  # no Python ABI in the library
+    assert wheel.name.startswith(f"pjrt_plugin_stub_neuron-{VERSION}-py3-none-linux_")  # no Python ABI in the library
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        entry_points = archive.read("pjrt_plugin_stub_neuron-0.1.0.dist-info/entry_points.txt").decode()
+        entry_points = archive.read(f"pjrt_plugin_stub_neuron-{VERSION}.dist-info/entry_points.txt").decode()
         archive.extract("pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so", tmp_path / "unpacked")
     assert "pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so" in names
     assert not any(name.endswith((".h", ".c")) for name in names)
@@ -139,10 +141,10 @@ def test_without_csrc_a_prebuilt_library_ships_in_a_platform_wheel(source_copy, 
     done = _pip_wheel(source_copy, tmp_path / "wheels", {"STUB_NEURON_PREBUILT_LIBRARY": str(stub_library)})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     (wheel,) = (tmp_path / "wheels").glob("*.whl")
-    assert wheel.name.startswith("pjrt_plugin_stub_neuron-0.1.0-py3-none-linux_"), wheel.name
+    assert wheel.name.startswith(f"pjrt_plugin_stub_neuron-{VERSION}-py3-none-linux_"), wheel.name
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read("pjrt_plugin_stub_neuron/libpjrt_stub_neuron.so") == stub_library.read_bytes()
-        assert "Root-Is-Purelib: false" in archive.read("pjrt_plugin_stub_neuron-0.1.0.dist-info/WHEEL").decode()
+        assert "Root-Is-Purelib: false" in archive.read(f"pjrt_plugin_stub_neuron-{VERSION}.dist-info/WHEEL").decode()
 
 
 def test_without_csrc_or_a_prebuilt_library_the_build_says_what_to_do(source_copy, tmp_path):

@@ -16,6 +16,7 @@ from _support import run_on_threads
 
 from pjrt_plugins import PjrtError, UnsupportedFunctionError
 from pjrt_plugins.runtime import load_library
+from pjrt_plugin_stub_neuron import __version__ as VERSION
 
 DTYPES = [
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
@@ -42,7 +43,7 @@ def client(stub):
 
 def test_client_reports_neuron_platform_and_default_four_devices(client):
     assert client.platform_name == "neuron"
-    assert client.platform_version.startswith("stub_neuron 0.1.0 (PJRT C API 0.")
+    assert client.platform_version.startswith(f"stub_neuron {VERSION} (PJRT C API 0.")
     assert client.process_index == 0
     assert [d.id for d in client.devices] == [0, 1, 2, 3]
     assert client.addressable_devices == client.devices
@@ -156,7 +157,7 @@ def test_library_reports_its_version_and_attributes(stub_library):
     assert library.api_version == (0, 81)
     attributes = library.attributes
     assert attributes["pjrt_c_api_minor_version"] == 81
-    assert attributes["stub_neuron_version"] == "0.1.0"
+    assert attributes["stub_neuron_version"] == VERSION
     assert attributes["supports_compile"] is False
 
 

@@ -2,8 +2,10 @@
 
 An entry is deserialized only when it carries the exact key it was looked up by (the
 fingerprint of the lowered program, the plugin and its library file, the compile options)
-and its bytes are intact; the directory must be this user's and writable by nobody else.
-Anything else is ignored with a log or a warning, and the program is compiled.
+and its bytes are intact; the directory must be this user's and writable by nobody else,
+and an entry a small regular file. Anything else is ignored with a log or a warning, and
+the program is compiled. The directory is kept under a size bound by removing the least
+recently used entries (the files themselves: ``pjrt_plugins._cache_files``).
 """
 
 from __future__ import annotations
@@ -19,20 +21,35 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..._cache_files import (
+    CACHE_DIR_ENV,
+    MAGIC,
+    MAX_SIZE_ENV,
+    SUFFIX,
+    TMP_PREFIX,
+    EntryFileError,
+    evict,
+    format_size,
+    join_entry,
+    max_size_from_environment,
+    parse_size,
+    read_entry,
+    split_entry,
+    touch,
+)
 from ...errors import CompileCacheWarning
 from ...runtime import CompileOptions
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable naming the directory where compiled executables persist across processes.
-CACHE_DIR_ENV = "PJRT_PLUGINS_CACHE_DIR"
 #: Bumped whenever the entry layout or the key changes: older entries are then never read.
 ENTRY_FORMAT = 1
-_MAGIC = b"pjrt-plugins compile cache entry\n"
-_SUFFIX = ".pjrt-executable"
+_MAGIC = MAGIC
+_SUFFIX = SUFFIX
 
 _cache_dir: Path | None = None
 _cache_dir_set = False
+_max_size: int | None = None  # set by set_cache_max_size(); None: the environment's, else the default
 _refused: set[str] = set()  # directories already warned about (once per process)
 _lock = threading.Lock()
 
@@ -62,6 +79,28 @@ def cache_dir() -> Path | None:
         return _cache_dir
     raw = os.environ.get(CACHE_DIR_ENV)
     return Path(raw).expanduser() if raw else None
+
+
+def set_cache_max_size(size: int | str | None) -> None:
+    """Keep the cache directory under ``size`` bytes (``10G``, ``500M``, ``2GiB`` or an int; ``None``: the default).
+
+    The default is ``$PJRT_PLUGINS_CACHE_MAX_SIZE``, else 10 GiB. After each store the
+    least recently used entries (a load counts as a use) are removed until the directory
+    fits; an executable larger than the bound is not stored, and an entry larger than it
+    is not read. ``pjrt-plugins cache size`` shows what the directory holds.
+
+    Example (``PJRT_PLUGINS_CACHE_MAX_SIZE=2G`` in the environment does the same)::
+
+        from pjrt_plugins.spmd.execution import disk_cache
+        disk_cache.set_cache_max_size("2G")
+    """
+    global _max_size
+    _max_size = None if size is None else parse_size(size)
+
+
+def cache_max_size() -> int:
+    """The bound in bytes: :func:`set_cache_max_size`'s, else ``$PJRT_PLUGINS_CACHE_MAX_SIZE``'s, else 10 GiB."""
+    return _max_size if _max_size is not None else max_size_from_environment()
 
 
 def cache_key(program: bytes, compile_options: bytes, client: Any, plugin: tuple) -> dict[str, Any]:
@@ -174,24 +213,19 @@ def load(directory: Path, key: dict[str, Any]) -> tuple[bytes, dict[str, Any]] |
     """The serialized executable and metadata stored under ``key``, or None.
 
     None (with a log saying why) when the directory is not private, the entry is missing,
-    not a private regular file, corrupt, or was stored under another key.
+    not a private regular file (a link, a FIFO, a directory), larger than the cache's bound,
+    corrupt, or was stored under another key. A valid entry is marked used (LRU).
     """
     if not _private_directory(directory, create=False):
         return None
     path = directory / _entry_name(key)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        data = read_entry(path, cache_max_size())
     except FileNotFoundError:
         return None
-    except OSError as exc:
+    except (EntryFileError, OSError) as exc:
         logger.warning("ignoring compile cache entry %s: %s; compiling instead", path, exc)
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            logger.warning("ignoring compile cache entry %s: not a private file of this user; compiling instead", path)
-            return None
-        data = f.read()
     try:
         header, blob = _parse(data)
     except ValueError as exc:
@@ -209,11 +243,14 @@ def load(directory: Path, key: dict[str, Any]) -> tuple[bytes, dict[str, Any]] |
     if header.get("executable_sha256") != hashlib.sha256(blob).hexdigest():
         logger.warning("ignoring compile cache entry %s: its executable bytes are damaged; compiling instead", path)
         return None
-    return blob, header.get("metadata", {})
+    touch(path)
+    metadata = header.get("metadata", {})
+    return blob, metadata if isinstance(metadata, dict) else {}
 
 
 def store(directory: Path, key: dict[str, Any], executable: bytes, metadata: dict[str, Any]) -> None:
-    """Write the entry for ``key`` (0600, atomically: readers see the old entry or the new one)."""
+    """Write the entry for ``key`` (0600, atomically: readers see the old entry or the new one), then
+    remove the least recently used entries beyond the cache's bound."""
     if not _private_directory(directory, create=True):
         return
     header = {
@@ -221,31 +258,29 @@ def store(directory: Path, key: dict[str, Any], executable: bytes, metadata: dic
         "executable_sha256": hashlib.sha256(executable).hexdigest(),
         "metadata": metadata,
     }
-    head = _canonical(header)
+    entry = join_entry(_canonical(header), executable)
+    limit = cache_max_size()
+    if len(entry) > limit:
+        logger.warning(
+            "not persisting a compiled program of %s: it is larger than the compile cache's bound of %s (%s)",
+            format_size(len(entry)), format_size(limit), MAX_SIZE_ENV,
+        )
+        return
+    target = directory / _entry_name(key)
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")  # created 0600
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX)  # created 0600
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + len(head).to_bytes(8, "little") + head + executable)
-            os.replace(tmp, directory / _entry_name(key))
+                f.write(entry)
+            os.replace(tmp, target)
         except BaseException:
             os.unlink(tmp)
             raise
-    except OSError as exc:
+    except OSError as exc:  # a full disk, or a directory at the entry's name
         logger.warning("could not write a compile cache entry in %s: %s", directory, exc)
+        return
+    evict(directory, limit, keep=target)
 
 
 def _parse(data: bytes) -> tuple[dict[str, Any], bytes]:
-    if not data.startswith(_MAGIC):
-        raise ValueError("it is not an entry of this cache format")
-    start = len(_MAGIC) + 8
-    size = int.from_bytes(data[len(_MAGIC):start], "little")
-    if len(data) < start + size:
-        raise ValueError("it is truncated")
-    try:
-        header = json.loads(data[start:start + size])
-    except (ValueError, RecursionError):
-        raise ValueError("its header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError("its header is not a JSON object")
-    return header, data[start + size:]
+    return split_entry(data)

@@ -47,7 +47,8 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]],
     try:
         outs = program.executable.execute(args)
     except ExecutionStuckError as exc:
-        exc.add_note(f"in the SPMD program {describe_program(program)}")
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"in the SPMD program {describe_program(program)}")
         raise
     count("execute_seconds", time.perf_counter() - t0)
     count("executions")

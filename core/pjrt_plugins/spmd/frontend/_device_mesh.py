@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ...errors import PlacementError
 from ..devices import Mesh, virtual_device
+from ..sharding import Mesh as PureMesh
 from ._torch_device import DEVICE_TYPE
 
 __all__ = ["MeshAxes", "mesh_axes", "new_device_mesh"]
@@ -29,7 +30,7 @@ class MeshAxes:
     (one axis for a root mesh; a sub-mesh's dimension may span several, or none when its size is 1).
     ``device_mesh`` is the DeviceMesh itself, or ``None`` when a plain :class:`Mesh` was given."""
 
-    mesh: Mesh
+    mesh: PureMesh  # an xs.Mesh, or a stand-in of the pure data model where no devices matter
     axes: tuple[tuple[int, ...], ...]
     device_mesh: DeviceMesh | None = None
 

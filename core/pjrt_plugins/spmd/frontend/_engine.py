@@ -8,7 +8,15 @@ tensor class with the trace, so that recorded ops read pjrt tensors by their dat
 from __future__ import annotations
 
 from ..execution import clear_compile_cache, set_cache_dir
-from ..trace import last_run_timings, materialize, on_mark_sharding, pending_ops, register_tensor_type, sync
+from ..trace import (
+    in_manual_region,
+    last_run_timings,
+    materialize,
+    on_mark_sharding,
+    pending_ops,
+    register_tensor_type,
+    sync,
+)
 from ._dispatch import dispatch, refresh_views
 from ._fallback import cpu_fallback_enabled, set_cpu_fallback
 from ._fused_optim import fused_step
@@ -19,6 +27,7 @@ __all__ = [
     "cpu_fallback_enabled",
     "dispatch",
     "fused_step",
+    "in_manual_region",
     "last_run_timings",
     "materialize",
     "on_mark_sharding",

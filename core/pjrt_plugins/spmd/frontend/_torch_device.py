@@ -1,12 +1,13 @@
 """The torch device ``pjrt``: torch's PrivateUse1 backend registered as a Python backend named ``pjrt``.
 
 The only module that touches ``torch.utils.backend_registration`` / PrivateUse1 (experimental in torch,
-so isolated here). It answers what torch asks a device module (RNG state, autocast dtypes, synchronize);
+so isolated here). It answers what torch asks a device module (RNG state, autocast dtypes, synchronize, its one stream);
 the kernels for factories and copies are ``_factories``'. Registering never opens a plugin.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -135,6 +136,51 @@ class _PjrtBackendModule:
         engine = _seam.loaded_engine()
         if engine is not None:
             engine.sync()
+
+    # torch.distributed.checkpoint's file writers overlap device-to-host copies with writing on the
+    # device's current stream: one stream, always in step (a pjrt tensor's copy to the CPU returns done).
+
+    @staticmethod
+    def current_stream(device: Any = None) -> _PjrtStream:
+        _check_index(device)
+        return _STREAM
+
+    @staticmethod
+    def default_stream(device: Any = None) -> _PjrtStream:
+        _check_index(device)
+        return _STREAM
+
+    @staticmethod
+    def stream(stream: Any) -> contextlib.nullcontext:
+        """``with torch.pjrt.stream(s):``: the pjrt device has one stream, so this selects it."""
+        if stream is not None and not isinstance(stream, _PjrtStream):
+            raise VirtualDeviceError(f"{stream!r} is not a stream of the pjrt device; use torch.pjrt.current_stream()")
+        return contextlib.nullcontext(stream)
+
+
+class _PjrtStream:
+    """The one stream of the pjrt device (``torch.pjrt.current_stream()``).
+
+    Copies of pjrt tensors to the host return complete, so there is never anything to wait for.
+    """
+
+    device_type = DEVICE_TYPE
+    device_index = 0
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<pjrt stream of {DEVICE_TYPE}:0>"
+
+
+_STREAM = _PjrtStream()
 
 
 def _check_index(device: Any) -> None:

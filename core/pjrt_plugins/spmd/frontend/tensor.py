@@ -127,7 +127,7 @@ class XLAShardedTensor(torch.Tensor):
 
     @property
     def sharding_type(self) -> ShardingType | None:
-        """REPLICATED, TILED, PARTIAL or MAXIMAL (a :class:`ShardingType`), or ``None`` if none is declared."""
+        """REPLICATED, TILED, PARTIAL, MAXIMAL or MANUAL (a :class:`ShardingType`), or ``None`` if none is declared."""
         spec = self._pjrt_data.annotation
         return spec.type if spec is not None else None
 
@@ -205,8 +205,9 @@ class XLAShardedTensor(torch.Tensor):
 
         ``shards`` are :class:`XLAShard` s (only ``data`` and ``shard_device`` are read),
         one for each device, each of the padded shard shape, as ``local_shards`` returns
-        them. The tensor must carry a tiled sharding (``mark_sharding`` it first); a
-        replicated one is loaded with ``copy_``, as in PyTorch/XLA. Each device
+        them. The tensor must carry a tiled sharding (``mark_sharding`` it first) or be a
+        value of a manual-sharding region (``{manual}``: each device gets a value of the
+        tensor's whole shape); a replicated one is loaded with ``copy_``, as in PyTorch/XLA. Each device
         receives only its shard. Raises :class:`~pjrt_plugins.errors.ShardingError`
         (a ``ValueError``) naming what does not fit.
 
@@ -220,9 +221,9 @@ class XLAShardedTensor(torch.Tensor):
         """
         data = unwrap(self)
         spec = data.annotation
-        if spec is None or spec.type not in (ShardingType.TILED, ShardingType.PARTIAL):
+        if spec is None or spec.type not in (ShardingType.TILED, ShardingType.PARTIAL, ShardingType.MANUAL):
             raise ShardingError(
-                "load_local_shards_ needs a tensor with a tiled sharding (mark_sharding it first); it has "
+                "load_local_shards_ needs a tensor with a tiled or manual sharding (mark_sharding it first); it has "
                 + ("none" if spec is None else f"{spec}: load a replicated tensor with copy_")
             )
         if data.view_of is not None:
@@ -256,8 +257,13 @@ class XLAShardedTensor(torch.Tensor):
             return f"XLAShardedTensor(<traced by torch.compile>, size={tuple(self.shape)}, dtype={self.dtype})"
         if torch._C._len_torch_dispatch_stack() > 0:  # dynamo formats errors under its fake mode: no download
             return f"XLAShardedTensor(<pjrt values>, size={tuple(self.shape)}, dtype={self.dtype})"
-        text = repr(to_cpu(self))
-        inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
+        materialize([data])
+        if data.state is TensorState.DEVICE and data.sharding is not None and data.sharding.is_manual:
+            # A value of a manual-sharding region: one per device, no global value to show.
+            inner = f"<one value per device: see local_shards>, size={tuple(self.shape)}, dtype={self.dtype}"
+        else:
+            text = repr(to_cpu(self))
+            inner = text[len("tensor(") : -1] if text.startswith("tensor(") and text.endswith(")") else text
         extras = [f"device='{TORCH_DEVICE}'"]
         if data.annotation is not None:
             extras.append(f"sharding='{data.annotation}'")
@@ -341,7 +347,7 @@ class XLAShardedTensor(torch.Tensor):
         except BaseException as error:
             if torch._C._current_graph_task_id() == -1:
                 raise
-            if not getattr(error, "_pjrt_op_noted", False):
+            if not getattr(error, "_pjrt_op_noted", False) and hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(raised by {func} in autograd's backward pass on the pjrt device)")
                 error._pjrt_op_noted = True  # type: ignore[attr-defined]
             return _ErrorForAutograd(error)
@@ -415,6 +421,8 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
 def describe(tensor: XLAShardedTensor, mesh_shape: Sequence[int] | None, partition_spec: Sequence[Any] | None) -> None:
     """Record ``mesh_shape`` / ``partition_spec`` as the tensor's description only (its sharding is unchanged)."""
     data = unwrap(tensor)
+    mesh: Any
+    spec: Any
     mesh, spec = data.mark if data.mark is not None else (None, None)
     if mesh_shape is not None:
         shape = tuple(int(s) for s in mesh_shape)

@@ -27,6 +27,7 @@ from . import (  # noqa: F401
 from . import _ternary  # noqa: F401  (lerp, addcmul, addcdiv: the optimizers' per-parameter ops)
 from . import _optim  # noqa: F401  (the fused Adam/AdamW step, one op per step)
 from . import _region  # noqa: F401  (a torch.compile graph, one op per call)
+from . import _collectives  # noqa: F401  (manual-sharding regions and their collectives)
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
@@ -41,7 +42,24 @@ from ._module import (
     sharding_string,
     target_version,
 )
-from ._table import COMPLEX_LOWERINGS, LOWERINGS, META_RULES, RANDOM_OPS, is_random, op_name, refuse_generator
+from ._composites import COMPOSITES
+from ._table import (
+    COMPLEX_LOWERINGS,
+    LOWERINGS,
+    META_RULES,
+    RANDOM_OPS,
+    DuplicateRegistrationError,
+    is_random,
+    op_name,
+    refuse_generator,
+)
+
+# A decomposition of ours for an op that is also lowered by hand would never run (the lowering wins):
+# refuse it, as inductor's make_fallback refuses an op that has a decomposition.
+_shadowed = sorted(op_name(op) for op in COMPOSITES if op in LOWERINGS)
+if _shadowed:
+    raise DuplicateRegistrationError(f"{', '.join(_shadowed)} both lowered by hand and decomposed in _composites; "
+                                     "remove one of the two")
 
 
 def has_lowering(op: Any) -> bool:

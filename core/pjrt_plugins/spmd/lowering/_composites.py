@@ -18,7 +18,7 @@ import torch._decomp.decompositions as torch_decompositions
 import torch.nn.functional as F
 
 from ...errors import UnsupportedOpError
-from ._table import meta_rule
+from ._table import caller_site, meta_rule, register_unique
 
 aten = torch.ops.aten
 
@@ -27,9 +27,11 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {}
 
 
 def _composite(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as the decomposition of ``ops`` (a second one for an op raises)."""
+    site = caller_site(1)
+
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for op in ops:
-            COMPOSITES[op] = fn
+        register_unique(COMPOSITES, ops, fn, site, what="decomposition")
         return fn
 
     return register

@@ -11,14 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue
-from ._mlir import tensor_type
+from ._mlir import padding_attr, tensor_type
+from ._promotion import Promotion
 from ._table import lowers
 
 aten = torch.ops.aten
@@ -67,8 +65,7 @@ def conv_general(em: Emitter, lhs: TensorValue, rhs: TensorValue, g: ConvGeometr
     )
     if 0 in shape or lhs.numel == 0 or rhs.numel == 0:
         return em.constant(0, lhs.dtype, shape)  # empty operands sum nothing (XLA may refuse zero sizes)
-    padding = ir.DenseElementsAttr.get(np.asarray(g.padding, dtype=np.int64).reshape(-1, 2),
-                                       type=ir.IntegerType.get_signless(64))
+    padding = padding_attr(g.padding)
     v = hlo.convolution(tensor_type(shape, lhs.dtype), lhs.value, rhs.value, dnums, g.feature_groups, g.batch_groups,
                         window_strides=list(g.strides), padding=padding, lhs_dilation=list(g.lhs_dilation),
                         rhs_dilation=list(g.rhs_dilation), precision_config=em.options.precision_config())
@@ -151,12 +148,10 @@ def _add_bias(em: Emitter, y: TensorValue, bias: TensorValue | None) -> TensorVa
     return em.add(y, b)
 
 
-@lowers(aten.convolution.default)
+@lowers(aten.convolution.default, promotion=Promotion.COMPUTE)
 def _convolution(em: Emitter, out: torch.Tensor, x: TensorValue, weight: TensorValue, bias: TensorValue | None,
                  stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    x, weight = em.convert(x, cdt), em.convert(weight, cdt)
     g = _geometry(x.rank, stride, padding, dilation, groups)
     if transposed:
         # torch's transposed convolution is the adjoint of the convolution with the same arguments,
@@ -164,16 +159,14 @@ def _convolution(em: Emitter, out: torch.Tensor, x: TensorValue, weight: TensorV
         y = conv_transpose_lhs(em, x, tuple(out.shape), weight, g)
     else:
         y = conv_general(em, x, weight, g)
-    return em.convert(_add_bias(em, y, bias), out.dtype)
+    return _add_bias(em, y, bias)
 
 
-@lowers(aten.convolution_backward.default)
+@lowers(aten.convolution_backward.default, promotion=Promotion.COMPUTE)
 def _convolution_backward(em: Emitter, out: tuple, grad: TensorValue, x: TensorValue, weight: TensorValue,
                           bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int],
                           dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
                           output_mask: Sequence[bool]) -> tuple:
-    cdt = compute_dtype(x.dtype)
-    grad, x, weight = em.convert(grad, cdt), em.convert(x, cdt), em.convert(weight, cdt)
     g = _geometry(x.rank, stride, padding, dilation, groups)
     results: list[Any] = [None, None, None]
     if output_mask[0]:
@@ -185,13 +178,13 @@ def _convolution_backward(em: Emitter, out: tuple, grad: TensorValue, x: TensorV
             gi = em.slice(gi, [0] * gi.rank, list(x.shape), [1] * gi.rank)
         else:
             gi = conv_transpose_lhs(em, grad, x.shape, weight, g)
-        results[0] = em.convert(gi, out[0].dtype)
+        results[0] = gi
     if output_mask[1]:
         # For a transposed convolution the roles of its input and output swap in the kernel's gradient.
         gw = conv_transpose_rhs(em, x, grad, weight.shape, g) if transposed else \
             conv_transpose_rhs(em, grad, x, weight.shape, g)
-        results[1] = em.convert(gw, out[1].dtype)
+        results[1] = gw
     if output_mask[2]:
         dims = [d for d in range(grad.rank) if d != 1]
-        results[2] = em.convert(em.reduce_simple(grad, dims, "sum"), out[2].dtype)
+        results[2] = em.reduce_simple(grad, dims, "sum")
     return tuple(results)  # None where output_mask asked for nothing (torch gives no tensor there either)

@@ -1,7 +1,8 @@
 """Lowerings of elementwise ATen ops: arithmetic, unary math, comparisons, where, casts.
 
-Type rules follow torch: the node's output dtype decides the arithmetic dtype (half
-types compute in float32 and round once at the end, as torch does on the CPU).
+Type rules follow torch: the node's output dtype decides the arithmetic dtype (half types
+compute in float32 and round once at the end, as torch does on the CPU). The promotion and
+broadcasting are the table's (``_promotion``); a rule here says only what its op computes.
 """
 
 from __future__ import annotations
@@ -16,79 +17,38 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 from ...errors import LoweringError
 from ._emitter import Emitter, Operand, TensorValue
 from ._mlir import is_unsigned
-from ._table import lowers
+from ._promotion import Promotion, compute_dtype, is_number, make_pointwise, promoting
+from ._table import lowers, pointwise
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 
-def _meta(x: Operand) -> torch.Tensor | bool | int | float:
-    if isinstance(x, TensorValue):
-        return torch.empty(x.shape, dtype=x.dtype, device="meta")
-    return x
-
-
-def promoted_dtype(*xs: Operand) -> torch.dtype:
-    """torch's result type of the operands (tensors and Python numbers)."""
-    metas = [_meta(x) for x in xs]
-    if len(metas) == 1:
-        m = metas[0]
-        return m.dtype if isinstance(m, torch.Tensor) else torch.result_type(torch.empty((), device="meta"), m)
-    dtype = torch.result_type(metas[0], metas[1])
-    for m in metas[2:]:
-        dtype = torch.result_type(torch.empty((), dtype=dtype, device="meta"), m)
-    return dtype
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype arithmetic runs in: float32 for the half types, else ``dtype``."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _operands(em: Emitter, out: torch.Tensor, xs: tuple[Operand, ...], dtype: torch.dtype) -> list[TensorValue]:
-    shape = tuple(out.shape)
-    return [em.as_tensor(x, dtype, shape) for x in xs]
-
-
-def _arith(em: Emitter, out: torch.Tensor, fn: Any, *xs: Operand) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    ops = _operands(em, out, xs, cdt)
-    result = fn(em, *ops)
-    return em.convert(result, out.dtype)
-
-
 # -- arithmetic --------------------------------------------------------------------------
 
 
-def _with_alpha(combine: Any) -> Any:
-    """``combine(a, alpha * b)``, torch's add/sub."""
-
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, alpha: Any = 1) -> TensorValue:
-        def fn(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
-            if alpha != 1:
-                b = em.mul(b, em.constant(alpha, b.dtype, b.shape))
-            return combine(em, a, b)
-
-        return _arith(em, out, fn, a, b)
-
-    return lower
+def _times_alpha(em: Emitter, b: TensorValue, alpha: Any) -> TensorValue:
+    return b if alpha == 1 else em.mul(b, em.constant(alpha, b.dtype, b.shape))
 
 
-lowers(aten.add.Tensor, aten.add.Scalar)(_with_alpha(Emitter.add))
-_sub = lowers(aten.sub.Tensor, aten.sub.Scalar)(_with_alpha(Emitter.sub))
+@pointwise(aten.add.Tensor, aten.add.Scalar)
+def add(em: Emitter, a: TensorValue, b: TensorValue, *, alpha: Any = 1) -> TensorValue:
+    return em.add(a, _times_alpha(em, b, alpha))
 
 
-@lowers(aten.rsub.Scalar, aten.rsub.Tensor)
-def _rsub(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, alpha: Any = 1) -> TensorValue:
-    return _sub(em, out, b, a, alpha=alpha)
+@pointwise(aten.sub.Tensor, aten.sub.Scalar)
+def sub(em: Emitter, a: TensorValue, b: TensorValue, *, alpha: Any = 1) -> TensorValue:
+    return em.sub(a, _times_alpha(em, b, alpha))
 
 
-@lowers(aten.mul.Tensor, aten.mul.Scalar)
-def _mul(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    if out.dtype == torch.bool:
-        ops = _operands(em, out, (a, b), torch.bool)
-        return em.binary(hlo.and_, *ops)
-    return _arith(em, out, Emitter.mul, a, b)
+@pointwise(aten.rsub.Scalar, aten.rsub.Tensor)
+def rsub(em: Emitter, a: TensorValue, b: TensorValue, *, alpha: Any = 1) -> TensorValue:
+    return sub(em, b, a, alpha=alpha)
+
+
+@pointwise(aten.mul.Tensor, aten.mul.Scalar)
+def mul(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+    return em.binary(hlo.and_, a, b) if a.dtype == torch.bool else em.mul(a, b)
 
 
 def floor_divide_int(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
@@ -102,126 +62,117 @@ def floor_divide_int(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue
     return em.select(adjust, em.sub(q, em.constant(1, a.dtype, q.shape)), q)
 
 
-@lowers(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
-def _div(em: Emitter, out: torch.Tensor, a: Operand, b: Operand, *, rounding_mode: str | None = None) -> TensorValue:
+@pointwise(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div(em: Emitter, a: TensorValue, b: TensorValue, *, rounding_mode: str | None = None) -> TensorValue:
     if rounding_mode is None:
-        return _arith(em, out, Emitter.div, a, b)
-    cdt = compute_dtype(out.dtype)
-    ta, tb = _operands(em, out, (a, b), cdt)
-    if cdt.is_floating_point:
-        q = em.div(ta, tb)
-        q = em.floor(q) if rounding_mode == "floor" else em.trunc(q)
-    elif rounding_mode == "trunc":
-        q = em.div(ta, tb)
-    elif rounding_mode == "floor":
-        q = floor_divide_int(em, ta, tb)
-    else:
-        raise LoweringError(f"div: unknown rounding_mode {rounding_mode!r}")
-    return em.convert(q, out.dtype)
+        return em.div(a, b)
+    if a.dtype.is_floating_point:
+        q = em.div(a, b)
+        return em.floor(q) if rounding_mode == "floor" else em.trunc(q)
+    if rounding_mode == "trunc":
+        return em.div(a, b)
+    if rounding_mode == "floor":
+        return floor_divide_int(em, a, b)
+    raise LoweringError(f"div: unknown rounding_mode {rounding_mode!r}")
 
 
-@lowers(aten.floor_divide.default, aten.floor_divide.Scalar)
-def _floor_divide(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    return _div(em, out, a, b, rounding_mode="floor")
+@pointwise(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+    return div(em, a, b, rounding_mode="floor")
 
 
-@lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
-def _remainder(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
+@pointwise(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     """Python-style modulo: the result takes the sign of the divisor."""
+    r = em.binary(hlo.remainder, a, b)
+    zero = em.constant(0, a.dtype, r.shape)
+    nonzero = em.compare(r, zero, "NE")
+    signs_differ = em.compare(em.compare(r, zero, "LT"), em.compare(b, zero, "LT"), "NE")
+    fix = em.binary(hlo.and_, nonzero, signs_differ)
+    return em.select(fix, em.add(r, b), r)
 
-    def fn(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
-        r = em.binary(hlo.remainder, a, b)
-        zero = em.constant(0, a.dtype, r.shape)
-        nonzero = em.compare(r, zero, "NE")
-        signs_differ = em.compare(em.compare(r, zero, "LT"), em.compare(b, zero, "LT"), "NE")
-        fix = em.binary(hlo.and_, nonzero, signs_differ)
-        return em.select(fix, em.add(r, b), r)
 
-    return _arith(em, out, fn, a, b)
+def _binary(hlo_op: Any) -> Any:
+    """``hlo_op`` on two operands of one dtype and shape."""
+
+    def binary(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+        return em.binary(hlo_op, a, b)
+
+    binary.__qualname__ = f"binary({hlo_op.__name__})"
+    return binary
+
+
+def _unary(hlo_op: Any) -> Any:
+    def unary(em: Emitter, x: TensorValue) -> TensorValue:
+        return em.unary(hlo_op, x)
+
+    unary.__qualname__ = f"unary({hlo_op.__name__})"
+    return unary
+
+
+_power = promoting(make_pointwise(_binary(hlo.power)), Promotion.COMPUTE, broadcast=True)
+
+
+def _power_shortcut(a: Operand, b: Operand, dtype: torch.dtype) -> Any:
+    """``x -> x ** b`` without ``stablehlo.power`` for a number ``b`` of 1, 2 or 3 (products), or 0.5 or -1 in
+    floating point (sqrt, reciprocal); None for other exponents."""
+    if not isinstance(a, TensorValue) or not is_number(b) or isinstance(b, bool):
+        return None
+    if b == 1:
+        return lambda em, x: x
+    if b == 2:
+        return lambda em, x: em.mul(x, x)
+    if b == 3:
+        return lambda em, x: em.mul(em.mul(x, x), x)
+    if b == 0.5 and dtype.is_floating_point:
+        return lambda em, x: em.unary(hlo.sqrt, x)
+    if b == -1 and dtype.is_floating_point:
+        return lambda em, x: em.div(em.constant(1.0, x.dtype, x.shape), x)
+    return None
 
 
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def _pow(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    if isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(a, TensorValue):
-        cdt = compute_dtype(out.dtype)
-        x = em.as_tensor(a, cdt, tuple(out.shape))
-        if b == 1:
-            return em.convert(x, out.dtype)
-        if b == 2:
-            return em.convert(em.mul(x, x), out.dtype)
-        if b == 3:
-            return em.convert(em.mul(em.mul(x, x), x), out.dtype)
-        if b == 0.5 and cdt.is_floating_point:
-            return em.convert(em.unary(hlo.sqrt, x), out.dtype)
-        if b == -1 and cdt.is_floating_point:
-            return em.convert(em.div(em.constant(1.0, cdt, x.shape), x), out.dtype)
-    return _arith(em, out, lambda em, a, b: em.binary(hlo.power, a, b), a, b)
+    shortcut = _power_shortcut(a, b, compute_dtype(out.dtype))
+    if shortcut is not None:
+        return promoting(make_pointwise(shortcut), Promotion.COMPUTE, broadcast=True)(em, out, a)
+    return _power(em, out, a, b)
 
 
-def _binary(fn: Any) -> Any:
-    """``fn(em, a, b)`` in the compute dtype (see :func:`_arith`)."""
+pointwise(aten.maximum.default)(Emitter.maximum)
+pointwise(aten.minimum.default)(Emitter.minimum)
+pointwise(aten.atan2.default)(_binary(hlo.atan2))
+pointwise(aten.fmod.Tensor, aten.fmod.Scalar)(_binary(hlo.remainder))  # the sign of a
 
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-        return _arith(em, out, fn, a, b)
-
-    return lower
-
-
-lowers(aten.maximum.default)(_binary(Emitter.maximum))
-lowers(aten.minimum.default)(_binary(Emitter.minimum))
-lowers(aten.atan2.default)(_binary(lambda em, a, b: em.binary(hlo.atan2, a, b)))
-lowers(aten.fmod.Tensor, aten.fmod.Scalar)(_binary(lambda em, a, b: em.binary(hlo.remainder, a, b)))  # sign of a
-
-
-def _bitwise(fn: Any) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-        ops = _operands(em, out, (a, b), out.dtype)
-        return em.binary(fn, *ops)
-
-    return lower
+# Bit operations: the result's dtype (integers or bool), nothing to widen.
+for _ops, _hlo_op in [
+    ((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), hlo.and_),
+    ((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), hlo.or_),
+    ((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), hlo.xor),
+]:
+    pointwise(*_ops, promotion=Promotion.RESULT)(_binary(_hlo_op))
 
 
-lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)(_bitwise(hlo.and_))
-lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar)(_bitwise(hlo.or_))
-lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)(_bitwise(hlo.xor))
-
-
-def _shift(left: bool) -> Any:
+@pointwise(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+           aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar,
+           prims.shift_left.default, promotion=Promotion.RESULT)
+def shift_left(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     """Shifts by amounts outside [0, bits) give 0 (left) or the sign fill (right), in torch and StableHLO alike."""
-
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-        ta, tb = _operands(em, out, (a, b), out.dtype)
-        if left:
-            fn = hlo.shift_left
-        else:
-            fn = hlo.shift_right_logical if is_unsigned(out.dtype) or out.dtype == torch.bool else hlo.shift_right_arithmetic
-        return em.binary(fn, ta, tb)
-
-    return lower
+    return em.binary(hlo.shift_left, a, b)
 
 
-lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor,
-       aten.__lshift__.Tensor, aten.__lshift__.Scalar, prims.shift_left.default)(_shift(True))
-lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor,
-       aten.__rshift__.Tensor, aten.__rshift__.Scalar, prims.shift_right_arithmetic.default)(_shift(False))
+@pointwise(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+           aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar,
+           prims.shift_right_arithmetic.default, promotion=Promotion.RESULT)
+def shift_right(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+    logical = is_unsigned(a.dtype) or a.dtype == torch.bool
+    return em.binary(hlo.shift_right_logical if logical else hlo.shift_right_arithmetic, a, b)
 
 
-def _logical(fn: Any) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-        ops = _operands(em, out, (a, b), torch.bool)
-        return em.convert(em.binary(fn, *ops), out.dtype)
-
-    return lower
-
-
-lowers(aten.logical_and.default)(_logical(hlo.and_))
-lowers(aten.logical_or.default)(_logical(hlo.or_))
-lowers(aten.logical_xor.default)(_logical(hlo.xor))
-
-
-@lowers(aten.logical_not.default)
-def _logical_not(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    return em.convert(em.unary(hlo.not_, em.convert(x, torch.bool)), out.dtype)
+pointwise(aten.logical_and.default, promotion=Promotion.BOOL)(_binary(hlo.and_))
+pointwise(aten.logical_or.default, promotion=Promotion.BOOL)(_binary(hlo.or_))
+pointwise(aten.logical_xor.default, promotion=Promotion.BOOL)(_binary(hlo.xor))
+pointwise(aten.logical_not.default, promotion=Promotion.BOOL)(_unary(hlo.not_))
 
 
 @lowers(aten.bitwise_not.default)
@@ -231,28 +182,18 @@ def _bitwise_not(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
 
 # -- comparisons ---------------------------------------------------------------------------
 
-_COMPARISONS = {
-    "eq": "EQ",
-    "ne": "NE",
-    "lt": "LT",
-    "le": "LE",
-    "gt": "GT",
-    "ge": "GE",
-}
-
 
 def _comparison(direction: str) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-        dtype = promoted_dtype(a, b)
-        shape = tuple(out.shape)
-        return em.compare(em.as_tensor(a, dtype, shape), em.as_tensor(b, dtype, shape), direction)
+    def compare(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+        return em.compare(a, b, direction)
 
-    return lower
+    compare.__qualname__ = f"compare({direction})"
+    return compare
 
 
-for _name, _direction in _COMPARISONS.items():
+for _name, _direction in {"eq": "EQ", "ne": "NE", "lt": "LT", "le": "LE", "gt": "GT", "ge": "GE"}.items():
     _packet = getattr(aten, _name)
-    lowers(_packet.Tensor, _packet.Scalar)(_comparison(_direction))
+    pointwise(_packet.Tensor, _packet.Scalar, promotion=Promotion.OPERANDS)(_comparison(_direction))
 
 
 @lowers(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -262,42 +203,29 @@ def _where(em: Emitter, out: torch.Tensor, cond: TensorValue, a: Operand, b: Ope
     return em.select(pred, em.as_tensor(a, out.dtype, shape), em.as_tensor(b, out.dtype, shape))
 
 
-@lowers(aten.clamp.default, aten.clamp.Tensor)
-def _clamp(em: Emitter, out: torch.Tensor, x: TensorValue, min: Operand | None = None, max: Operand | None = None) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    shape = tuple(out.shape)
-    y = em.as_tensor(x, cdt, shape)
+@pointwise(aten.clamp.default, aten.clamp.Tensor)
+def clamp(em: Emitter, x: TensorValue, min: TensorValue | None = None, max: TensorValue | None = None) -> TensorValue:
     if min is not None:
-        y = em.maximum(y, em.as_tensor(min, cdt, shape))
+        x = em.maximum(x, min)
     if max is not None:
-        y = em.minimum(y, em.as_tensor(max, cdt, shape))
-    return em.convert(y, out.dtype)
+        x = em.minimum(x, max)
+    return x
 
 
-@lowers(aten.clamp_min.default, aten.clamp_min.Tensor)
-def _clamp_min(em: Emitter, out: torch.Tensor, x: TensorValue, min: Operand) -> TensorValue:
-    return _clamp(em, out, x, min, None)
+@pointwise(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(em: Emitter, x: TensorValue, min: TensorValue) -> TensorValue:
+    return clamp(em, x, min, None)
 
 
-@lowers(aten.clamp_max.default, aten.clamp_max.Tensor)
-def _clamp_max(em: Emitter, out: torch.Tensor, x: TensorValue, max: Operand) -> TensorValue:
-    return _clamp(em, out, x, None, max)
+@pointwise(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(em: Emitter, x: TensorValue, max: TensorValue) -> TensorValue:
+    return clamp(em, x, None, max)
 
 
 # -- unary math ----------------------------------------------------------------------------
 
-
-def _float_unary(fn: Any) -> Any:
-    """A float function; integer inputs are promoted to the output's float dtype first."""
-
-    def lower(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-        cdt = compute_dtype(out.dtype)
-        return em.convert(em.unary(fn, em.convert(x, cdt)), out.dtype)
-
-    return lower
-
-
-_FLOAT_UNARY = {
+#: Float functions (integer inputs are promoted to the result's float dtype first).
+for _op, _function in {
     aten.exp.default: hlo.exponential,
     aten.expm1.default: hlo.exponential_minus_one,
     aten.log.default: hlo.log,
@@ -323,41 +251,34 @@ _FLOAT_UNARY = {
     aten.ceil.default: hlo.ceil,
     aten.floor.default: hlo.floor,
     aten.round.default: hlo.round_nearest_even,
-}
-for _op, _fn in _FLOAT_UNARY.items():
-    lowers(_op)(_float_unary(_fn))
+}.items():
+    pointwise(_op)(_unary(_function))
 
 
 def _log_base(base: float) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-        cdt = compute_dtype(out.dtype)
-        y = em.unary(hlo.log, em.convert(x, cdt))
-        return em.convert(em.div(y, em.constant(math.log(base), cdt, y.shape)), out.dtype)
+    def log(em: Emitter, x: TensorValue) -> TensorValue:
+        return em.div(em.unary(hlo.log, x), em.constant(math.log(base), x.dtype, x.shape))
 
-    return lower
+    return log
 
 
-lowers(aten.log2.default)(_log_base(2.0))
-lowers(aten.log10.default)(_log_base(10.0))
+pointwise(aten.log2.default)(_log_base(2.0))
+pointwise(aten.log10.default)(_log_base(10.0))
 
 
-@lowers(aten.exp2.default)
-def _exp2(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    y = em.convert(x, cdt)
-    return em.convert(em.binary(hlo.power, em.constant(2.0, cdt, y.shape), y), out.dtype)
+@pointwise(aten.exp2.default)
+def exp2(em: Emitter, x: TensorValue) -> TensorValue:
+    return em.binary(hlo.power, em.constant(2.0, x.dtype, x.shape), x)
+
+
+@pointwise(aten.reciprocal.default)
+def reciprocal(em: Emitter, x: TensorValue) -> TensorValue:
+    return em.div(em.constant(1.0, x.dtype, x.shape), x)
 
 
 @lowers(aten.trunc.default)
 def _trunc(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
     return x if not x.dtype.is_floating_point else em.trunc(x)
-
-
-@lowers(aten.reciprocal.default)
-def _reciprocal(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    y = em.convert(x, cdt)
-    return em.convert(em.div(em.constant(1.0, cdt, y.shape), y), out.dtype)
 
 
 @lowers(aten.neg.default)
@@ -443,4 +364,5 @@ def _masked_fill(em: Emitter, out: torch.Tensor, x: TensorValue, mask: TensorVal
     return em.select(em.broadcast_to(mask, shape), em.as_tensor(value, out.dtype, shape), em.broadcast_to(x, shape))
 
 
-__all__ = ["compute_dtype", "floor_divide_int", "promoted_dtype"]
+__all__ = ["add", "clamp", "div", "exp2", "floor_divide", "floor_divide_int", "mul", "reciprocal", "remainder", "rsub",
+           "shift_left", "shift_right", "sub"]

@@ -11,13 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError
-from ._mlir import is_unsigned, splat_attr, tensor_type
+from ._mlir import is_unsigned, padding_attr, splat_attr, tensor_type
 
 RNG_ALGORITHMS = {"default": "DEFAULT", "three_fry": "THREE_FRY", "philox": "PHILOX"}
 #: torch.get_float32_matmul_precision() -> the StableHLO precision of matrix products and
@@ -327,6 +326,7 @@ class Emitter:
         stabilizing max, where a NaN reaches the result anyway).
         """
         dtype = x.dtype
+        init: Scalar
         if kind == "sum":
             init, fn = 0, hlo.add
         elif kind == "prod":
@@ -375,8 +375,7 @@ class Emitter:
         op = hlo.ReduceWindowOp(
             [tensor_type(shape, x.dtype)], [x.value], [init_value.value], window_dimensions=window,
             window_strides=strides,
-            padding=ir.DenseElementsAttr.get(np.asarray(padding, dtype=np.int64).reshape(-1, 2),
-                                             type=ir.IntegerType.get_signless(64)),
+            padding=padding_attr(padding),
         )
         block = op.regions[0].blocks.append(tensor_type((), x.dtype), tensor_type((), x.dtype))
         with ir.InsertionPoint(block):
@@ -392,10 +391,10 @@ class Emitter:
         if x.numel == 0:
             return list(inputs)
         window = [n if i == dim else 1 for i in range(x.rank)]
-        padding = np.asarray([[n - 1, 0] if i == dim else [0, 0] for i in range(x.rank)], dtype=np.int64)
+        padding = [(n - 1, 0) if i == dim else (0, 0) for i in range(x.rank)]
         op = hlo.ReduceWindowOp([tensor_type(t.shape, t.dtype) for t in inputs], [t.value for t in inputs],
                                 [i.value for i in inits], window_dimensions=window,
-                                padding=ir.DenseElementsAttr.get(padding, type=ir.IntegerType.get_signless(64)))
+                                padding=padding_attr(padding))
         scalar_types = [tensor_type((), t.dtype) for t in inputs]
         block = op.regions[0].blocks.append(*(scalar_types + scalar_types))
         with ir.InsertionPoint(block):

@@ -15,10 +15,10 @@ import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue
 from ._indexing import gather_elements
 from ._mlir import tensor_type
+from ._promotion import Promotion, compute_dtype
 from ._table import lowers, meta_rule
 
 aten = torch.ops.aten
@@ -72,11 +72,6 @@ def _custom_call(target: str, operands: Sequence[TensorValue], results: Sequence
     return [TensorValue(op.results[i], tuple(s), d) for i, (s, d) in enumerate(results)]
 
 
-def _float_in(em: Emitter, x: TensorValue) -> tuple[TensorValue, torch.dtype]:
-    cdt = compute_dtype(x.dtype)
-    return em.convert(x, cdt), cdt
-
-
 # -- Cholesky ------------------------------------------------------------------------------------------
 
 
@@ -96,18 +91,15 @@ def cholesky(em: Emitter, a: TensorValue, upper: bool) -> tuple[TensorValue, Ten
     return factor, em.convert(info, torch.int32)
 
 
-@lowers(aten.linalg_cholesky_ex.default)
+@lowers(aten.linalg_cholesky_ex.default, promotion=Promotion.COMPUTE)
 def _linalg_cholesky_ex(em: Emitter, out: tuple, a: TensorValue, *, upper: bool = False,
                         check_errors: bool = False) -> tuple[TensorValue, TensorValue]:
-    x, _ = _float_in(em, a)
-    factor, info = cholesky(em, x, upper)
-    return em.convert(factor, out[0].dtype), info
+    return cholesky(em, a, upper)
 
 
-@lowers(aten.cholesky.default)
+@lowers(aten.cholesky.default, promotion=Promotion.COMPUTE)
 def _cholesky(em: Emitter, out: torch.Tensor, a: TensorValue, upper: bool = False) -> TensorValue:
-    x, _ = _float_in(em, a)
-    return em.convert(cholesky(em, x, upper)[0], out.dtype)
+    return cholesky(em, a, upper)[0]
 
 
 def _cholesky_solve(em: Emitter, b: TensorValue, factor: TensorValue, upper: bool) -> TensorValue:
@@ -116,30 +108,25 @@ def _cholesky_solve(em: Emitter, b: TensorValue, factor: TensorValue, upper: boo
     return triangular_solve(em, factor, y, lower=not upper, transpose=not upper)
 
 
-@lowers(aten.cholesky_solve.default)
+@lowers(aten.cholesky_solve.default, promotion=Promotion.COMPUTE)
 def _cholesky_solve_op(em: Emitter, out: torch.Tensor, b: TensorValue, factor: TensorValue,
                        upper: bool = False) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    return em.convert(_cholesky_solve(em, em.convert(b, cdt), em.convert(factor, cdt), upper), out.dtype)
+    return _cholesky_solve(em, b, factor, upper)
 
 
-@lowers(aten.cholesky_inverse.default)
+@lowers(aten.cholesky_inverse.default, promotion=Promotion.COMPUTE)
 def _cholesky_inverse(em: Emitter, out: torch.Tensor, factor: TensorValue, upper: bool = False) -> TensorValue:
-    x, cdt = _float_in(em, factor)
-    eye = _eye(em, x.shape[-1], cdt, x.shape[:-2])
-    return em.convert(_cholesky_solve(em, eye, x, upper), out.dtype)
+    eye = _eye(em, factor.shape[-1], factor.dtype, factor.shape[:-2])
+    return _cholesky_solve(em, eye, factor, upper)
 
 
 # -- triangular solves -------------------------------------------------------------------------------
 
 
-@lowers(aten.linalg_solve_triangular.default)
+@lowers(aten.linalg_solve_triangular.default, promotion=Promotion.COMPUTE)
 def _linalg_solve_triangular(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue, *, upper: bool,
                              left: bool = True, unitriangular: bool = False) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    x = triangular_solve(em, em.convert(a, cdt), em.convert(b, cdt), lower=not upper, left=left,
-                         unit_diagonal=unitriangular)
-    return em.convert(x, out.dtype)
+    return triangular_solve(em, a, b, lower=not upper, left=left, unit_diagonal=unitriangular)
 
 
 @lowers(aten.triangular_solve.default)
@@ -192,20 +179,19 @@ def _pad_last(em: Emitter, x: TensorValue, width: int) -> TensorValue:
     return x if extra <= 0 else em.concatenate([x, em.constant(0, x.dtype, x.shape[:-1] + (extra,))], x.rank - 1)
 
 
-@lowers(aten.linalg_qr.default)
-def _linalg_qr(em: Emitter, out: tuple, a: TensorValue, mode: str = "reduced") -> tuple[TensorValue, TensorValue]:
-    x, _ = _float_in(em, a)
+@lowers(aten.linalg_qr.default, promotion=Promotion.COMPUTE)
+def _linalg_qr(em: Emitter, out: tuple, x: TensorValue, mode: str = "reduced") -> tuple[TensorValue, TensorValue]:
     m, n = x.shape[-2], x.shape[-1]
     k = min(m, n)
     packed, taus = geqrf(em, x)
+    q: TensorValue | None
     if mode == "complete":
         r = _triangle(em, packed, lower=False)
         q = householder_product(em, _pad_columns(em, packed, m), _pad_last(em, taus, m)) if m else packed
     else:
         r = _triangle(em, _rows(em, packed, k), lower=False)
         q = householder_product(em, _columns(em, packed, k), taus) if mode == "reduced" else None
-    q_out = em.constant(0, out[0].dtype, tuple(out[0].shape)) if q is None else em.convert(q, out[0].dtype)
-    return q_out, em.convert(r, out[1].dtype)
+    return em.constant(0, out[0].dtype, tuple(out[0].shape)) if q is None else q, r
 
 
 @meta_rule(aten.geqrf.default)
@@ -214,44 +200,39 @@ def _geqrf_meta(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(a), a.new_empty(a.shape[:-2] + (k,))
 
 
-@lowers(aten.geqrf.default)
+@lowers(aten.geqrf.default, promotion=Promotion.COMPUTE)
 def _geqrf(em: Emitter, out: tuple, a: TensorValue) -> tuple[TensorValue, TensorValue]:
-    x, _ = _float_in(em, a)
-    packed, taus = geqrf(em, x)
-    return em.convert(packed, out[0].dtype), em.convert(taus, out[1].dtype)
+    return geqrf(em, a)
 
 
-@lowers(aten.linalg_householder_product.default)
+@lowers(aten.linalg_householder_product.default, promotion=Promotion.COMPUTE)
 def _householder_product(em: Emitter, out: torch.Tensor, vectors: TensorValue, taus: TensorValue) -> TensorValue:
-    x, cdt = _float_in(em, vectors)
-    return em.convert(householder_product(em, x, em.convert(taus, cdt)), out.dtype)
+    return householder_product(em, vectors, taus)
 
 
-@lowers(aten.ormqr.default)
+@lowers(aten.ormqr.default, promotion=Promotion.COMPUTE)
 def _ormqr(em: Emitter, out: torch.Tensor, vectors: TensorValue, taus: TensorValue, other: TensorValue,
            left: bool = True, transpose: bool = False) -> TensorValue:
     """other multiplied by Q (m x m, from the reflectors) on the left or right, transposed if asked."""
-    x, cdt = _float_in(em, vectors)
-    m = x.shape[-2]
-    q = householder_product(em, _pad_columns(em, x, m), _pad_last(em, em.convert(taus, cdt), m))
+    m = vectors.shape[-2]
+    q = householder_product(em, _pad_columns(em, vectors, m), _pad_last(em, taus, m))
     if transpose:
         q = _swap_last(em, q)
-    c = em.convert(other, cdt)
-    q, c = _broadcast_batches(em, q, c)
+    q, c = _broadcast_batches(em, q, other)
     batch = list(range(q.rank - 2))
-    r = em.dot_general(q, c, ((q.rank - 1,), (c.rank - 2,)), (batch, batch)) if left else \
-        em.dot_general(c, q, ((c.rank - 1,), (q.rank - 2,)), (batch, batch))
-    return em.convert(r, out.dtype)
+    if left:
+        return em.dot_general(q, c, ((q.rank - 1,), (c.rank - 2,)), (batch, batch))
+    return em.dot_general(c, q, ((c.rank - 1,), (q.rank - 2,)), (batch, batch))
 
 
 # -- symmetric eigendecomposition ------------------------------------------------------------------------
 
 
-@lowers(aten._linalg_eigh.default)
-def _linalg_eigh(em: Emitter, out: tuple, a: TensorValue, UPLO: str = "L",  # noqa: N803 - torch's name
+@lowers(aten._linalg_eigh.default, promotion=Promotion.COMPUTE)
+def _linalg_eigh(em: Emitter, out: tuple, x: TensorValue, UPLO: str = "L",  # noqa: N803 - torch's name
                  compute_v: bool = True) -> tuple[TensorValue, TensorValue]:
     """Eigenvalues ascending, eigenvectors in columns (each unique up to sign, as from any solver)."""
-    x, cdt = _float_in(em, a)
+    cdt = x.dtype
     n = x.shape[-1]
     if x.numel == 0:
         return em.constant(0, out[0].dtype, tuple(out[0].shape)), em.constant(0, out[1].dtype, tuple(out[1].shape))
@@ -261,8 +242,7 @@ def _linalg_eigh(em: Emitter, out: tuple, a: TensorValue, UPLO: str = "L",  # no
         x = _swap_last(em, x)
     tol = 1e-6 if cdt == torch.float32 else 1e-14
     vectors, values = _custom_call("Eigh", [x], [(x.shape, cdt), (x.shape[:-2] + (n,), cdt)], config=f"1,1,100,{tol}")
-    v_out = em.convert(vectors, out[1].dtype) if compute_v else em.constant(0, out[1].dtype, tuple(out[1].shape))
-    return em.convert(values, out[0].dtype), v_out
+    return values, vectors if compute_v else em.constant(0, out[1].dtype, tuple(out[1].shape))
 
 
 # -- LU ----------------------------------------------------------------------------------------------------
@@ -439,19 +419,17 @@ def _upper(em: Emitter, lu: TensorValue) -> TensorValue:
     return _triangle(em, _rows(em, lu, k), lower=False)
 
 
-@lowers(aten.linalg_lu_factor_ex.default)
+@lowers(aten.linalg_lu_factor_ex.default, promotion=Promotion.COMPUTE)
 def _lu_factor_ex(em: Emitter, out: tuple, a: TensorValue, *, pivot: bool = True, check_errors: bool = False) -> tuple:
-    x, _ = _float_in(em, a)
-    lu, pivots, _, info = lu_factor(em, x, pivot)
-    return em.convert(lu, out[0].dtype), pivots, info
+    lu, pivots, _, info = lu_factor(em, a, pivot)
+    return lu, pivots, info
 
 
-@lowers(aten.linalg_lu.default)
+@lowers(aten.linalg_lu.default, promotion=Promotion.COMPUTE)
 def _linalg_lu(em: Emitter, out: tuple, a: TensorValue, *, pivot: bool = True) -> tuple:
-    x, _ = _float_in(em, a)
-    lu, _, perm, _ = lu_factor(em, x, pivot)
+    lu, _, perm, _ = lu_factor(em, a, pivot)
     p = _permutation_matrix(em, perm, out[0].dtype) if pivot else em.constant(0, out[0].dtype, tuple(out[0].shape))
-    return p, em.convert(_unit_lower(em, lu), out[1].dtype), em.convert(_upper(em, lu), out[2].dtype)
+    return p, _unit_lower(em, lu), _upper(em, lu)
 
 
 @lowers(aten.lu_unpack.default)
@@ -502,43 +480,34 @@ def _det_parts(em: Emitter, lu: TensorValue, pivots: TensorValue) -> tuple[Tenso
 # to torch, and their backward formulas solve with that LU accordingly; det(A^T) = det(A).
 
 
-@lowers(aten._linalg_det.default)
+@lowers(aten._linalg_det.default, promotion=Promotion.COMPUTE)
 def _linalg_det(em: Emitter, out: tuple, a: TensorValue) -> tuple:
-    x, _ = _float_in(em, a)
-    lu, pivots, _, _ = lu_factor(em, _swap_last(em, x))
+    lu, pivots, _, _ = lu_factor(em, _swap_last(em, a))
     product, sign = _det_parts(em, lu, pivots)
-    return em.convert(em.mul(product, sign), out[0].dtype), em.convert(lu, out[1].dtype), pivots
+    return em.mul(product, sign), lu, pivots
 
 
-@lowers(aten._linalg_slogdet.default)
+@lowers(aten._linalg_slogdet.default, promotion=Promotion.COMPUTE)
 def _linalg_slogdet(em: Emitter, out: tuple, a: TensorValue) -> tuple:
-    x, _ = _float_in(em, a)
-    lu, pivots, _, _ = lu_factor(em, _swap_last(em, x))
+    lu, pivots, _, _ = lu_factor(em, _swap_last(em, a))
     diag = _diagonal(em, lu)
     _, sign = _det_parts(em, lu, pivots)
     signs = em.reduce_simple(em.unary(hlo.sign, diag), [diag.rank - 1], "prod")
     logabs = em.reduce_simple(em.unary(hlo.log, em.unary(hlo.abs, diag)), [diag.rank - 1], "sum")
-    return (em.convert(em.mul(signs, sign), out[0].dtype), em.convert(logabs, out[1].dtype),
-            em.convert(lu, out[2].dtype), pivots)
+    return em.mul(signs, sign), logabs, lu, pivots
 
 
-@lowers(aten._linalg_solve_ex.default)
+@lowers(aten._linalg_solve_ex.default, promotion=Promotion.COMPUTE)
 def _linalg_solve_ex(em: Emitter, out: tuple, a: TensorValue, b: TensorValue, *, left: bool = True,
                      check_errors: bool = False) -> tuple:
-    x, cdt = _float_in(em, a)
-    lu, pivots, perm, info = lu_factor(em, x)
-    rhs = em.convert(b, cdt)
-    vector = len(out[0].shape) == a.rank - 1  # torch's rule: b is a (batch of) vector(s)
-    if vector:
-        rhs = em.reshape(rhs, rhs.shape + (1,)) if left else em.reshape(rhs, rhs.shape[:-1] + (1, rhs.shape[-1]))
-    result = _solve_sided(em, lu, perm, rhs, left)
-    return (em.convert(em.reshape(result, tuple(out[0].shape)), out[0].dtype), em.convert(lu, out[1].dtype),
-            pivots, info)
+    lu, pivots, perm, info = lu_factor(em, a)
+    if len(out[0].shape) == a.rank - 1:  # torch's rule: b is a (batch of) vector(s)
+        b = em.reshape(b, b.shape + (1,)) if left else em.reshape(b, b.shape[:-1] + (1, b.shape[-1]))
+    result = _solve_sided(em, lu, perm, b, left)
+    return em.reshape(result, tuple(out[0].shape)), lu, pivots, info
 
 
-@lowers(aten.linalg_inv_ex.default)
+@lowers(aten.linalg_inv_ex.default, promotion=Promotion.COMPUTE)
 def _linalg_inv_ex(em: Emitter, out: tuple, a: TensorValue, *, check_errors: bool = False) -> tuple:
-    x, cdt = _float_in(em, a)
-    lu, _, perm, info = lu_factor(em, x)
-    inverse = lu_solve(em, lu, perm, _eye(em, x.shape[-1], cdt, x.shape[:-2]))
-    return em.convert(inverse, out[0].dtype), info
+    lu, _, perm, info = lu_factor(em, a)
+    return lu_solve(em, lu, perm, _eye(em, a.shape[-1], a.dtype, a.shape[:-2])), info

@@ -169,23 +169,25 @@ def _embedding(em: Emitter, out: torch.Tensor, weight: TensorValue, indices: Ten
     return gather_along(em, weight, 0, indices)
 
 
-def _indexed_positions(op: str, indices: Sequence[TensorValue | None], mask_hint: str) -> list[int]:
-    """The dimensions ``indices`` index; a boolean mask (a data-dependent shape) is refused with ``mask_hint``."""
-    positions = [i for i, t in enumerate(indices) if t is not None]
-    if any(indices[i].dtype == torch.bool for i in positions):
+def _indexed_positions(op: str, indices: Sequence[TensorValue | None], mask_hint: str) -> dict[int, TensorValue]:
+    """The index tensors by the dimension they index; a boolean mask (a data-dependent shape) is refused with
+    ``mask_hint``."""
+    present = {i: t for i, t in enumerate(indices) if t is not None}
+    if any(t.dtype == torch.bool for t in present.values()):
         raise UnsupportedOpError(op, mask_hint)
-    return positions
+    return present
 
 
-def _advanced_index(em: Emitter, x: TensorValue, indices: Sequence[TensorValue | None],
-                    positions: list[int]) -> tuple[TensorValue, tuple[int, ...], list[int]]:
+def _advanced_index(em: Emitter, x: TensorValue, indices: dict[int, TensorValue]
+                    ) -> tuple[TensorValue, tuple[int, ...], list[int]]:
     """Gather/scatter geometry of ``x[indices]`` with several index tensors, numpy's rule.
 
     Returns the start indices (``[*broadcast shape, len(positions)]``), the shape of the
     indexed result and its window (non-indexed) dimensions: the broadcast index dimensions
     replace adjacent indexed dimensions in place, and go first when those are apart.
     """
-    bshape = tuple(torch.broadcast_shapes(*(indices[i].shape for i in positions)))
+    positions = list(indices)
+    bshape = tuple(torch.broadcast_shapes(*(t.shape for t in indices.values())))
     comps = [em.reshape(em.broadcast_to(_index_values(em, indices[i], x.shape[i]), bshape), bshape + (1,))
              for i in positions]
     starts = em.concatenate(comps, len(bshape))
@@ -203,13 +205,14 @@ def _advanced_index(em: Emitter, x: TensorValue, indices: Sequence[TensorValue |
 @lowers(aten.index.Tensor)
 def _index(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
     """Advanced indexing with integer index tensors (boolean masks have data-dependent shapes)."""
-    positions = _indexed_positions("aten.index.Tensor", indices, "indexing with a boolean mask gives a "
+    present = _indexed_positions("aten.index.Tensor", indices, "indexing with a boolean mask gives a "
                                    "data-dependent shape, which the pjrt device cannot compile; use torch.where or "
                                    "masked_fill instead")
+    positions = list(present)
     if len(positions) == 1:
         d = positions[0]
-        return em.reshape(gather_along(em, x, d, indices[d]), tuple(out.shape))
-    starts, out_shape, offset_dims = _advanced_index(em, x, indices, positions)
+        return em.reshape(gather_along(em, x, d, present[d]), tuple(out.shape))
+    starts, out_shape, offset_dims = _advanced_index(em, x, present)
     dnums = hlo.GatherDimensionNumbers.get(
         offset_dims=offset_dims,
         collapsed_slice_dims=positions,
@@ -227,14 +230,15 @@ def _index(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[Ten
 @lowers(aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put(em: Emitter, out: torch.Tensor, x: TensorValue, indices: Sequence[TensorValue | None],
                values: Operand, accumulate: bool = False) -> TensorValue:
-    positions = _indexed_positions("aten.index_put.default", indices, "index_put with a boolean mask is not "
+    present = _indexed_positions("aten.index_put.default", indices, "index_put with a boolean mask is not "
                                    "supported on the pjrt device; use torch.where instead")
     if not isinstance(values, TensorValue):
         values = em.constant(values, x.dtype)
+    positions = list(present)
     if len(positions) == 1:
         d = positions[0]
-        return scatter_along(em, x, d, indices[d], values, "sum" if accumulate else None)
-    starts, upd_shape, window = _advanced_index(em, x, indices, positions)
+        return scatter_along(em, x, d, present[d], values, "sum" if accumulate else None)
+    starts, upd_shape, window = _advanced_index(em, x, present)
     upd = em.broadcast_to(em.convert(values, x.dtype), upd_shape)
     dnums = hlo.ScatterDimensionNumbers.get(
         update_window_dims=window,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,12 +108,20 @@ def dense_attr(tensor: torch.Tensor) -> ir.DenseElementsAttr:
     """A dense constant holding a (small) CPU tensor's values."""
     t = tensor.detach().contiguous()
     if t.dtype == torch.bool:
-        t = t.to(torch.uint8)
-        arr = t.numpy()
-        return ir.DenseElementsAttr.get(np.packbits(arr.reshape(-1), bitorder="little"), type=element_type(torch.bool),
-                                        shape=list(tensor.shape))
-    if t.dtype == torch.bfloat16:
-        arr = t.view(torch.int16).numpy()
-    else:
-        arr = t.numpy()
-    return ir.DenseElementsAttr.get(arr, type=element_type(tensor.dtype), shape=list(tensor.shape))
+        bits = np.packbits(t.to(torch.uint8).numpy().reshape(-1), bitorder="little")
+        return array_attr(bits, element_type(torch.bool), tensor.shape)
+    arr = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    return array_attr(arr, element_type(tensor.dtype), tensor.shape)
+
+
+def array_attr(array: np.ndarray, etype: ir.Type, shape: Sequence[int] | None = None) -> ir.DenseElementsAttr:
+    """A dense attribute holding ``array``'s bytes as ``etype`` elements, of ``shape`` (else the array's)."""
+    buffer: Any = array  # a numpy array is a buffer; jaxlib's type stubs do not say so
+    if shape is None:
+        return ir.DenseElementsAttr.get(buffer, type=etype)
+    return ir.DenseElementsAttr.get(buffer, type=etype, shape=list(shape))
+
+
+def padding_attr(pairs: Any) -> ir.DenseElementsAttr:
+    """The ``[n, 2]`` int64 attribute of (low, high) pairs that reduce_window and convolution take."""
+    return array_attr(np.asarray(pairs, dtype=np.int64).reshape(-1, 2), ir.IntegerType.get_signless(64))

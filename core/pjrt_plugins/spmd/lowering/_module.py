@@ -133,9 +133,9 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
             if partitioned:
                 fn.arg_attrs = ir.ArrayAttr.get(
-                    [ir.DictAttr.get({"mhlo.sharding": ir.StringAttr.get(s)}) for s in shardings]
+                    [ir.DictAttr.get({"mhlo.sharding": ir.StringAttr.get(s or "{replicated}")}) for s in shardings]
                 )
-            block = fn.add_entry_block()
+            block = fn.body.blocks.append(*arg_types)
         keys_arg = len(placeholders) if uses_rng else key_table
         em = Emitter(options)
         if keys_arg is not None:
@@ -270,8 +270,8 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     if node.op != "call_function":
         raise LoweringError(f"unsupported graph node kind {node.op!r} ({node.name})")
     target = node.target
-    args = fx.node.map_arg(node.args, lambda n: env[n])
-    kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+    args: Any = fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs: Any = fx.node.map_arg(node.kwargs, lambda n: env[n])
     if target is operator.getitem:
         return args[0][args[1]]
     fn: Callable[..., Any] | None = LOWERINGS.get(target)

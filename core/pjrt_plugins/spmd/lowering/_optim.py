@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, Operand, TensorValue
+from ._promotion import compute_dtype
 from ._table import lowers, meta_rule
 
 _library = torch.library.Library("pjrt", "FRAGMENT")  # kept alive: dropping it unregisters the op

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue, lowest
 from ._indexing import gather_along, scatter_elements
 from ._mlir import tensor_type
+from ._promotion import Promotion, compute_dtype
 from ._table import lowers
 
 aten = torch.ops.aten
@@ -122,9 +122,8 @@ def window_sum_transpose(em: Emitter, grad: TensorValue, in_shape: Sequence[int]
 def _avg_pool(n: int) -> Any:
     def lower(em: Emitter, out: torch.Tensor, x: TensorValue, kernel_size: Any, stride: Any = (), padding: Any = 0,
               ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> TensorValue:
-        cdt = compute_dtype(out.dtype)
         pool = _AvgPool(x.shape, out.shape, n, kernel_size, stride, padding, count_include_pad, divisor_override)
-        return em.convert(pool.forward(em, em.convert(x, cdt)), out.dtype)
+        return pool.forward(em, x)
 
     return lower
 
@@ -139,9 +138,9 @@ def _avg_pool_backward(n: int) -> Any:
     return lower
 
 
-lowers(aten.avg_pool1d.default)(_avg_pool(1))
-lowers(aten.avg_pool2d.default)(_avg_pool(2))
-lowers(aten.avg_pool3d.default)(_avg_pool(3))
+lowers(aten.avg_pool1d.default, promotion=Promotion.COMPUTE)(_avg_pool(1))
+lowers(aten.avg_pool2d.default, promotion=Promotion.COMPUTE)(_avg_pool(2))
+lowers(aten.avg_pool3d.default, promotion=Promotion.COMPUTE)(_avg_pool(3))
 lowers(aten.avg_pool2d_backward.default)(_avg_pool_backward(2))
 lowers(aten.avg_pool3d_backward.default)(_avg_pool_backward(3))
 
@@ -190,9 +189,7 @@ def _adaptive_avg(em: Emitter, x: TensorValue, out_spatial: Sequence[int], backw
 
 
 def _adaptive_avg_pool(em: Emitter, out: torch.Tensor, x: TensorValue, output_size: Sequence[int]) -> TensorValue:
-    cdt = compute_dtype(out.dtype)
-    spatial = tuple(out.shape)[-len(output_size):]
-    return em.convert(_adaptive_avg(em, em.convert(x, cdt), spatial, None), out.dtype)
+    return _adaptive_avg(em, x, tuple(out.shape)[-len(output_size):], None)
 
 
 def _adaptive_avg_pool_backward(n: int) -> Any:
@@ -203,8 +200,8 @@ def _adaptive_avg_pool_backward(n: int) -> Any:
     return lower
 
 
-lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, aten.adaptive_avg_pool1d.default)(
-    _adaptive_avg_pool)
+lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, aten.adaptive_avg_pool1d.default,
+       promotion=Promotion.COMPUTE)(_adaptive_avg_pool)
 lowers(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool_backward(2))
 lowers(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward(3))
 

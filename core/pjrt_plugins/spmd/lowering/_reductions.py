@@ -1,22 +1,24 @@
-"""Lowerings of reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min.dim, any/all, var, softmax.
+"""Lowerings of reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min.dim, any/all, var, softmax,
+scans, sorts and order statistics.
 
-Half-precision inputs accumulate in float32, as torch does on the CPU.
+Half-precision inputs accumulate in float32, as torch does on the CPU (the table's promotion, ``_promotion``);
+the plain reductions are one family, made by :func:`make_reduction`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue, highest, lowest
 from ._indexing import take_along
 from ._mlir import tensor_type
+from ._promotion import Promotion
 from ._table import lowers
 
 aten = torch.ops.aten
@@ -45,48 +47,36 @@ def _finish(em: Emitter, out: torch.Tensor, r: TensorValue, x_shape: Sequence[in
     return em.reshape(r, tuple(out.shape))
 
 
-@lowers(aten.sum.dim_IntList, aten.sum.default)
-def _sum(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
-         dtype: torch.dtype | None = None) -> TensorValue:
-    dims = reduction_dims(x.rank, dim)
-    acc = compute_dtype(out.dtype)
-    if acc == torch.bool:
-        acc = torch.int64
-    r = em.reduce_simple(em.convert(x, acc), dims, "sum")
-    return _finish(em, out, r, x.shape, dims, keepdim)
+def make_reduction(kind: str, *, then: Callable[[Emitter, TensorValue, int], TensorValue] | None = None) -> Any:
+    """The rule of a reduction with ``reduce_simple``'s ``kind`` over ``dim`` (None or [] = every dimension),
+    with ``keepdim`` (inductor's ``make_reduction``); ``then(em, reduced, count)`` finishes it (mean divides
+    by the count of reduced elements). Register it with the promotion its accumulator needs.
+    """
 
-
-@lowers(aten.prod.default, aten.prod.dim_int)
-def _prod(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
-          dtype: torch.dtype | None = None) -> TensorValue:
-    dims = reduction_dims(x.rank, dim)
-    acc = compute_dtype(out.dtype)
-    r = em.reduce_simple(em.convert(x, acc), dims, "prod")
-    return _finish(em, out, r, x.shape, dims, keepdim)
-
-
-@lowers(aten.mean.dim, aten.mean.default)
-def _mean(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
-          dtype: torch.dtype | None = None) -> TensorValue:
-    dims = reduction_dims(x.rank, dim)
-    acc = compute_dtype(out.dtype)
-    r = em.reduce_simple(em.convert(x, acc), dims, "sum")
-    count = math.prod(x.shape[d] for d in dims)
-    r = em.div(r, em.constant(float(count), acc, r.shape))
-    return _finish(em, out, r, x.shape, dims, keepdim)
-
-
-def _minmax(kind: str) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = (), keepdim: bool = False) -> TensorValue:
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
+              dtype: torch.dtype | None = None) -> TensorValue:
         dims = reduction_dims(x.rank, dim)
-        r = em.reduce_simple(x, dims, kind)  # StableHLO's maximum/minimum propagate NaN, like torch
+        r = em.reduce_simple(x, dims, kind)
+        if then is not None:
+            r = then(em, r, math.prod(x.shape[d] for d in dims))
         return _finish(em, out, r, x.shape, dims, keepdim)
 
+    lower.__qualname__ = f"make_reduction({kind!r})"
     return lower
 
 
-lowers(aten.amax.default, aten.max.default)(_minmax("max"))  # max(x): dim () means every dimension
-lowers(aten.amin.default, aten.min.default)(_minmax("min"))
+def _divide_by_count(em: Emitter, total: TensorValue, count: int) -> TensorValue:
+    return em.div(total, em.constant(float(count), total.dtype, total.shape))
+
+
+lowers(aten.sum.dim_IntList, aten.sum.default, promotion=Promotion.BOOL_TO_LONG)(make_reduction("sum"))
+lowers(aten.prod.default, aten.prod.dim_int, promotion=Promotion.COMPUTE)(make_reduction("prod"))
+lowers(aten.mean.dim, aten.mean.default, promotion=Promotion.COMPUTE)(make_reduction("sum", then=_divide_by_count))
+# StableHLO's maximum/minimum propagate NaN, like torch; max(x) reduces every dimension.
+lowers(aten.amax.default, aten.max.default, promotion=Promotion.RESULT)(make_reduction("max"))
+lowers(aten.amin.default, aten.min.default, promotion=Promotion.RESULT)(make_reduction("min"))
+lowers(aten.any.default, aten.any.dim, aten.any.dims, promotion=Promotion.BOOL)(make_reduction("or"))
+lowers(aten.all.default, aten.all.dim, aten.all.dims, promotion=Promotion.BOOL)(make_reduction("and"))
 
 
 def _arg_reduce(em: Emitter, x: TensorValue, dim: int, largest: bool) -> tuple[TensorValue, TensorValue]:
@@ -148,22 +138,9 @@ lowers(aten.max.dim)(_minmax_dim(True))
 lowers(aten.min.dim)(_minmax_dim(False))
 
 
-def _logical_reduce(kind: str) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorValue:
-        dims = reduction_dims(x.rank, dim)
-        r = em.reduce_simple(em.convert(x, torch.bool), dims, kind)
-        return _finish(em, out, r, x.shape, dims, keepdim)
-
-    return lower
-
-
-lowers(aten.any.default, aten.any.dim, aten.any.dims)(_logical_reduce("or"))
-lowers(aten.all.default, aten.all.dim, aten.all.dims)(_logical_reduce("and"))
-
-
-def _variance(em: Emitter, x: TensorValue, dims: list[int], correction: float, acc: torch.dtype) -> tuple[TensorValue, TensorValue]:
-    """(variance, mean) over ``dims`` with the reduced dims kept."""
-    x = em.convert(x, acc)
+def _variance(em: Emitter, x: TensorValue, dims: list[int], correction: float) -> tuple[TensorValue, TensorValue]:
+    """(variance, mean) over ``dims`` with the reduced dims kept, in ``x``'s dtype."""
+    acc = x.dtype
     count = math.prod(x.shape[d] for d in dims)
     total = keep_dims(em, em.reduce_simple(x, dims, "sum"), x.shape, dims)
     mean = em.div(total, em.constant(float(count), acc, total.shape))
@@ -174,27 +151,22 @@ def _variance(em: Emitter, x: TensorValue, dims: list[int], correction: float, a
     return var, mean
 
 
-@lowers(aten.var.correction)
+@lowers(aten.var.correction, promotion=Promotion.COMPUTE)
 def _var(em: Emitter, out: torch.Tensor, x: TensorValue, dim: Any = None, *, correction: Any = None,
          keepdim: bool = False) -> TensorValue:
-    dims = reduction_dims(x.rank, dim)
-    var, _ = _variance(em, x, dims, 1 if correction is None else correction, compute_dtype(out.dtype))
-    var = em.convert(var, out.dtype)
+    var, _ = _variance(em, x, reduction_dims(x.rank, dim), 1 if correction is None else correction)
     return em.reshape(var, tuple(out.shape))
 
 
-@lowers(aten.var_mean.correction)
+@lowers(aten.var_mean.correction, promotion=Promotion.COMPUTE)
 def _var_mean(em: Emitter, out: tuple, x: TensorValue, dim: Any = None, *, correction: Any = None,
               keepdim: bool = False) -> tuple[TensorValue, TensorValue]:
-    dims = reduction_dims(x.rank, dim)
-    var, mean = _variance(em, x, dims, 1 if correction is None else correction, compute_dtype(out[0].dtype))
-    return (em.reshape(em.convert(var, out[0].dtype), tuple(out[0].shape)),
-            em.reshape(em.convert(mean, out[1].dtype), tuple(out[1].shape)))
+    var, mean = _variance(em, x, reduction_dims(x.rank, dim), 1 if correction is None else correction)
+    return em.reshape(var, tuple(out[0].shape)), em.reshape(mean, tuple(out[1].shape))
 
 
-def _softmax_parts(em: Emitter, x: TensorValue, dim: int, acc: torch.dtype) -> tuple[TensorValue, TensorValue]:
+def _softmax_parts(em: Emitter, x: TensorValue, dim: int) -> tuple[TensorValue, TensorValue]:
     """(x - max, sum(exp(x - max))) along ``dim``, both broadcast back to x's shape."""
-    x = em.convert(x, acc)
     m = keep_dims(em, em.reduce_simple(x, [dim], "max", nan_propagate=False), x.shape, [dim])
     shifted = em.sub(x, em.broadcast_to(m, x.shape))
     e = em.unary(hlo.exponential, shifted)
@@ -202,45 +174,40 @@ def _softmax_parts(em: Emitter, x: TensorValue, dim: int, acc: torch.dtype) -> t
     return shifted, em.broadcast_to(s, x.shape)
 
 
-@lowers(aten._softmax.default)
+@lowers(aten._softmax.default, promotion=Promotion.COMPUTE)
 def _softmax(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, half_to_float: bool = False) -> TensorValue:
     if x.rank == 0:
         return em.constant(1.0, out.dtype)
-    d = dim % x.rank
-    shifted, s = _softmax_parts(em, x, d, compute_dtype(out.dtype))
-    return em.convert(em.div(em.unary(hlo.exponential, shifted), s), out.dtype)
+    shifted, s = _softmax_parts(em, x, dim % x.rank)
+    return em.div(em.unary(hlo.exponential, shifted), s)
 
 
-@lowers(aten._log_softmax.default)
+@lowers(aten._log_softmax.default, promotion=Promotion.COMPUTE)
 def _log_softmax(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, half_to_float: bool = False) -> TensorValue:
     if x.rank == 0:
         return em.constant(0.0, out.dtype)
-    d = dim % x.rank
-    shifted, s = _softmax_parts(em, x, d, compute_dtype(out.dtype))
-    return em.convert(em.sub(shifted, em.unary(hlo.log, s)), out.dtype)
+    shifted, s = _softmax_parts(em, x, dim % x.rank)
+    return em.sub(shifted, em.unary(hlo.log, s))
 
 
 def _scan(kind: str) -> Any:
     """Inclusive prefix sum / product: a reduce_window over a window the length of the dimension."""
 
     def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, *, dtype: torch.dtype | None = None) -> TensorValue:
-        acc = compute_dtype(out.dtype)
-        if acc == torch.bool:
-            acc = torch.int64
-        x = em.convert(x, acc)
         if x.rank == 0:
-            return em.convert(x, out.dtype)
+            return x
         d = dim % x.rank
         n = x.shape[d]
         window = [n if i == d else 1 for i in range(x.rank)]
         padding = [(n - 1, 0) if i == d else (0, 0) for i in range(x.rank)]
-        return em.convert(em.reduce_window(x, kind, window, padding=padding), out.dtype)
+        return em.reduce_window(x, kind, window, padding=padding)
 
+    lower.__qualname__ = f"scan({kind!r})"
     return lower
 
 
-lowers(aten.cumsum.default)(_scan("sum"))
-lowers(aten.cumprod.default)(_scan("prod"))
+lowers(aten.cumsum.default, promotion=Promotion.BOOL_TO_LONG)(_scan("sum"))
+lowers(aten.cumprod.default, promotion=Promotion.BOOL_TO_LONG)(_scan("prod"))
 
 
 def _sort(em: Emitter, x: TensorValue, dim: int, descending: bool) -> tuple[TensorValue, TensorValue]:
@@ -325,13 +292,11 @@ lowers(aten.cummax.default)(_cumulative_extreme(True))
 lowers(aten.cummin.default)(_cumulative_extreme(False))
 
 
-@lowers(aten.logcumsumexp.default)
+@lowers(aten.logcumsumexp.default, promotion=Promotion.COMPUTE)
 def _logcumsumexp(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int) -> TensorValue:
     """A scan of logaddexp: max + log1p(exp(-|a - b|)), exact for -inf and equal infinities."""
-    cdt = compute_dtype(out.dtype)
-    x = em.convert(x, cdt)
     if x.rank == 0:
-        return em.convert(x, out.dtype)
+        return x
 
     def body(em: Emitter, acc: list[TensorValue], elem: list[TensorValue]) -> list[TensorValue]:
         a, b = acc[0], elem[0]
@@ -341,8 +306,8 @@ def _logcumsumexp(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int) -> T
         same_inf = em.binary(hlo.and_, em.compare(a, b, "EQ"), em.unary(hlo.not_, finite))
         return [em.select(same_inf, a, r)]
 
-    (r,) = em.scan([x], [em.constant(float("-inf"), cdt)], dim % x.rank, body)
-    return em.convert(r, out.dtype)
+    (r,) = em.scan([x], [em.constant(float("-inf"), x.dtype)], dim % x.rank, body)
+    return r
 
 
 def _order_statistic(em: Emitter, x: TensorValue, d: int, k: TensorValue, keepdim: bool,

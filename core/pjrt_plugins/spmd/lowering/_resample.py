@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, TensorValue
 from ._mlir import dense_attr
 from ._pooling import apply_along
+from ._promotion import Promotion, compute_dtype
 from ._table import lowers
 
 aten = torch.ops.aten
@@ -40,7 +40,7 @@ def _matrix(forward: Any, n: int, k: int, in_size: int, out_size: int, extra: tu
     identity = torch.eye(in_size, dtype=dtype).reshape(in_size, 1, *[in_size if i == k else 1 for i in range(n)])
     with torch.no_grad():
         result = forward(identity.expand(in_size, 1, *spatial).contiguous(), *extra)
-    result = result[(slice(None), 0, *[slice(None) if i == k else 0 for i in range(n)])]
+    result = result[tuple([slice(None), 0, *[slice(None) if i == k else 0 for i in range(n)]])]  # Python 3.10 syntax
     return result.reshape(in_size, out_size).t().contiguous()
 
 
@@ -94,28 +94,26 @@ def _upsample_matrices(forward: Any, n: int, takes_align: bool, in_sizes: Sequen
 def _upsample_backward(forward: Any, n: int, takes_align: bool) -> Any:
     def lower(em: Emitter, out: torch.Tensor, grad: TensorValue, output_size: Sequence[int], input_size: Sequence[int],
               *rest: Any) -> TensorValue:
-        cdt = compute_dtype(out.dtype)
-        matrices = _upsample_matrices(forward, n, takes_align, tuple(input_size)[-n:], output_size, rest, cdt)
-        return em.convert(_apply(em, em.convert(grad, cdt), matrices, transpose=True), out.dtype)
+        matrices = _upsample_matrices(forward, n, takes_align, tuple(input_size)[-n:], output_size, rest, grad.dtype)
+        return _apply(em, grad, matrices, transpose=True)
 
     return lower
 
 
 for _backward, (_forward, _n, _align) in _UPSAMPLE_BACKWARD.items():
-    lowers(_backward)(_upsample_backward(_forward, _n, _align))
+    lowers(_backward, promotion=Promotion.COMPUTE)(_upsample_backward(_forward, _n, _align))
 
 
 def _upsample_aa(forward: Any) -> Any:
     def lower(em: Emitter, out: torch.Tensor, x: TensorValue, output_size: Sequence[int], *rest: Any) -> TensorValue:
-        cdt = compute_dtype(out.dtype)
-        matrices = _upsample_matrices(forward, 2, True, x.shape[-2:], output_size, rest, cdt)
-        return em.convert(_apply(em, em.convert(x, cdt), matrices, transpose=False), out.dtype)
+        matrices = _upsample_matrices(forward, 2, True, x.shape[-2:], output_size, rest, x.dtype)
+        return _apply(em, x, matrices, transpose=False)
 
     return lower
 
 
-lowers(aten._upsample_bilinear2d_aa.default)(_upsample_aa(aten._upsample_bilinear2d_aa.default))
-lowers(aten._upsample_bicubic2d_aa.default)(_upsample_aa(aten._upsample_bicubic2d_aa.default))
+for _antialiased in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
+    lowers(_antialiased, promotion=Promotion.COMPUTE)(_upsample_aa(_antialiased))
 
 
 # -- replication padding -----------------------------------------------------------------------------

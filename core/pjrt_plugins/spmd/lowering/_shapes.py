@@ -12,7 +12,7 @@ import torch
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError, UnsupportedOpError
-from ._emitter import Emitter, Operand, TensorValue
+from ._emitter import Emitter, Scalar, TensorValue
 from ._indexing import gather_along, scatter_along
 from ._mlir import tensor_type
 from ._table import lowers, meta_rule
@@ -97,7 +97,7 @@ def _cat(em: Emitter, out: torch.Tensor, tensors: Sequence[TensorValue], dim: in
 
 
 @lowers(aten.constant_pad_nd.default)
-def _pad(em: Emitter, out: torch.Tensor, x: TensorValue, pad: Sequence[int], value: Operand = 0) -> TensorValue:
+def _pad(em: Emitter, out: torch.Tensor, x: TensorValue, pad: Sequence[int], value: Scalar = 0) -> TensorValue:
     low, high = [0] * x.rank, [0] * x.rank
     for i in range(len(pad) // 2):
         d = x.rank - 1 - i
@@ -315,10 +315,11 @@ def _triu(em: Emitter, out: torch.Tensor, x: TensorValue, diagonal: int = 0) -> 
 
 
 @lowers(aten.roll.default)
-def _roll(em: Emitter, out: torch.Tensor, x: TensorValue, shifts: Sequence[int], dims: Sequence[int] = ()) -> TensorValue:
+def _roll(em: Emitter, out: torch.Tensor, x: TensorValue, shifts: Sequence[int] | int,
+          dims: Sequence[int] | int = ()) -> TensorValue:
     """Rotate along each of ``dims`` (or the flattened tensor when none are given) with two slices."""
-    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
-    dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    shifts = [int(shifts)] if isinstance(shifts, int) else [int(s) for s in shifts]
+    dims = [int(dims)] if isinstance(dims, int) else [int(d) for d in dims]
     if not dims:
         flat = em.reshape(x, (x.numel,))
         return em.reshape(_roll(em, out, flat, shifts, [0]), x.shape)

@@ -9,40 +9,19 @@ Abramowitz & Stegun 9.6.10 and 9.7.1 for the Bessel functions) and rounded once.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from jaxlib.mlir.dialects import chlo
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from ._elementwise import compute_dtype
 from ._emitter import Emitter, Operand, TensorValue
-from ._table import LOWERINGS, lowers
+from ._promotion import Promotion
+from ._table import LOWERINGS, lowers, pointwise
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-
-def _float_in(em: Emitter, out: torch.Tensor, x: Operand, dtype: torch.dtype | None = None) -> TensorValue:
-    return em.as_tensor(x, dtype or compute_dtype(out.dtype), tuple(out.shape))
-
-
-def _unary(fn: Any, precise: bool = False) -> Any:
-    """``fn(em, x)`` on the input converted to the output's float type (float64 when ``precise``)."""
-
-    def lower(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-        x = _float_in(em, out, x, torch.float64 if precise else None)
-        return em.convert(fn(em, x), out.dtype)
-
-    return lower
-
-
-def _binary(fn: Any, precise: bool = False) -> Any:
-    def lower(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-        dtype = torch.float64 if precise else compute_dtype(out.dtype)
-        return em.convert(fn(em, _float_in(em, out, a, dtype), _float_in(em, out, b, dtype)), out.dtype)
-
-    return lower
 
 
 def _c(em: Emitter, value: float, like: TensorValue) -> TensorValue:
@@ -159,6 +138,7 @@ def hypot(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     return em.select(any_inf, inf, h)
 
 
+@pointwise(aten.fmax.default, prims.fmax.default)
 def fmax(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     """max ignoring NaN (NaN only when both are)."""
     if not a.dtype.is_floating_point:
@@ -167,6 +147,7 @@ def fmax(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     return em.select(_isnan(em, a), b, em.select(_isnan(em, b), a, r))
 
 
+@pointwise(aten.fmin.default, prims.fmin.default)
 def fmin(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     if not a.dtype.is_floating_point:
         return em.minimum(a, b)
@@ -174,25 +155,9 @@ def fmin(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     return em.select(_isnan(em, a), b, em.select(_isnan(em, b), a, r))
 
 
-@lowers(aten.fmax.default, prims.fmax.default)
-def _fmax(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    dtype = compute_dtype(out.dtype)
-    return em.convert(fmax(em, em.as_tensor(a, dtype, tuple(out.shape)), em.as_tensor(b, dtype, tuple(out.shape))),
-                      out.dtype)
-
-
-@lowers(aten.fmin.default, prims.fmin.default)
-def _fmin(em: Emitter, out: torch.Tensor, a: Operand, b: Operand) -> TensorValue:
-    dtype = compute_dtype(out.dtype)
-    return em.convert(fmin(em, em.as_tensor(a, dtype, tuple(out.shape)), em.as_tensor(b, dtype, tuple(out.shape))),
-                      out.dtype)
-
-
-@lowers(aten.nextafter.default, prims.nextafter.default)
-def _nextafter(em: Emitter, out: torch.Tensor, a: TensorValue, b: TensorValue) -> TensorValue:
-    shape = tuple(out.shape)
-    a, b = em.as_tensor(a, out.dtype, shape), em.as_tensor(b, out.dtype, shape)
-    return TensorValue(chlo.next_after(a.value, b.value), shape, out.dtype)
+@pointwise(aten.nextafter.default, prims.nextafter.default, promotion=Promotion.RESULT)
+def nextafter(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
+    return TensorValue(chlo.next_after(a.value, b.value), a.shape, a.dtype)
 
 
 @lowers(aten.signbit.default, prims.signbit.default)
@@ -255,6 +220,7 @@ def _cot_pi_derivative(n: int) -> list[float]:
     return poly
 
 
+@pointwise(aten.digamma.default)
 def digamma(em: Emitter, x: TensorValue) -> TensorValue:
     """CHLO's digamma, with torch's value at zero (copysign(inf, -x); CHLO gives NaN there)."""
     r = em.unary(chlo.digamma, x)
@@ -300,42 +266,38 @@ def polygamma(em: Emitter, n: int, x: TensorValue) -> TensorValue:
     return r
 
 
-@lowers(aten.digamma.default)
-def _digamma(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    return em.convert(digamma(em, _float_in(em, out, x)), out.dtype)
-
-
-@lowers(aten.polygamma.default)
+@lowers(aten.polygamma.default, promotion=Promotion.FLOAT64)
 def _polygamma(em: Emitter, out: torch.Tensor, n: int, x: TensorValue) -> TensorValue:
-    x = _float_in(em, out, x, torch.float64)
-    return em.convert(digamma(em, x) if n == 0 else polygamma(em, n, x), out.dtype)
+    return digamma(em, x) if n == 0 else polygamma(em, n, x)
 
 
 def zeta(em: Emitter, x: TensorValue, q: TensorValue) -> TensorValue:
     return TensorValue(chlo.zeta(x.value, q.value), x.shape, x.dtype)
 
 
-for _ops, _fn in [
-    ((aten.erfc.default, prims.erfc.default), _unary(erfc)),
-    ((aten.special_erfcx.default, prims.erfcx.default), _unary(erfcx, precise=True)),
-    ((aten.special_ndtri.default, prims.ndtri.default), _unary(ndtri, precise=True)),
-    ((aten.special_log_ndtr.default,), _unary(log_ndtr, precise=True)),
-    ((aten.i0.default, prims.bessel_i0.default, aten.special_modified_bessel_i0.default), _unary(i0, precise=True)),
-    ((aten.special_i0e.default, prims.bessel_i0e.default), _unary(i0e, precise=True)),
-    ((aten.special_i1.default, prims.bessel_i1.default, aten.special_modified_bessel_i1.default), _unary(i1, precise=True)),
-    ((aten.special_i1e.default, prims.bessel_i1e.default), _unary(i1e, precise=True)),
-    ((aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default),
-     _unary(spherical_bessel_j0, precise=True)),
-    ((aten.hypot.default, prims.hypot.default), _binary(hypot)),
-    ((aten.special_zeta.default, prims.zeta.default), _binary(zeta, precise=True)),
-]:
-    lowers(*_ops)(_fn)
+#: Special functions and the dtype each computes in: float64 for the series that lose digits in float32.
+_SERIES: list[tuple[tuple[Any, ...], Callable[..., TensorValue], Promotion]] = [
+    ((aten.erfc.default, prims.erfc.default), erfc, Promotion.COMPUTE),
+    ((aten.special_erfcx.default, prims.erfcx.default), erfcx, Promotion.FLOAT64),
+    ((aten.special_ndtri.default, prims.ndtri.default), ndtri, Promotion.FLOAT64),
+    ((aten.special_log_ndtr.default,), log_ndtr, Promotion.FLOAT64),
+    ((aten.i0.default, prims.bessel_i0.default, aten.special_modified_bessel_i0.default), i0, Promotion.FLOAT64),
+    ((aten.special_i0e.default, prims.bessel_i0e.default), i0e, Promotion.FLOAT64),
+    ((aten.special_i1.default, prims.bessel_i1.default, aten.special_modified_bessel_i1.default), i1,
+     Promotion.FLOAT64),
+    ((aten.special_i1e.default, prims.bessel_i1e.default), i1e, Promotion.FLOAT64),
+    ((aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default), spherical_bessel_j0,
+     Promotion.FLOAT64),
+    ((aten.hypot.default, prims.hypot.default), hypot, Promotion.COMPUTE),
+    ((aten.special_zeta.default, prims.zeta.default), zeta, Promotion.FLOAT64),
+]
+for _ops, _fn, _promotion in _SERIES:
+    pointwise(*_ops, promotion=_promotion)(_fn)
 
 
-@lowers(prims.cbrt.default)
-def _cbrt(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
-    x = _float_in(em, out, x)
-    return em.convert(em.unary(hlo.cbrt, x), out.dtype)
+@pointwise(prims.cbrt.default)
+def cbrt(em: Emitter, x: TensorValue) -> TensorValue:
+    return em.unary(hlo.cbrt, x)
 
 
 # -- prims that are ATen ops under another name ------------------------------------------------------
@@ -364,7 +326,7 @@ _PRIM_ALIASES = {
     "transpose": aten.permute.default, "rev": aten.flip.default, "copy_strided": aten.clone.default,
 }
 for _prim, _aten_op in _PRIM_ALIASES.items():
-    LOWERINGS[getattr(prims, _prim).default] = LOWERINGS[_aten_op]
+    lowers(getattr(prims, _prim).default)(LOWERINGS[_aten_op])
 
 
 @lowers(prims.div.default)

@@ -27,7 +27,8 @@ class ShardingType(enum.IntEnum):
     """Kinds of sharding; the values are ``xla::OpSharding::Type``'s, as in PyTorch/XLA's ``ShardingType``.
 
     ``PARTIAL`` is a tiled sharding whose last tile dimension replicates
-    (``last_tile_dim_replicate``).
+    (``last_tile_dim_replicate``). ``MANUAL`` (``{manual}``) marks values of a manual-sharding region:
+    each device holds its own value, which the partitioner leaves alone.
     """
 
     REPLICATED = 0
@@ -47,8 +48,9 @@ class Shard:
     empty), or ``...`` for a full copy. ``padded_shape`` is the shape every
     device holds (``ceil(dim / tiles)`` per dimension); ``shape`` is the
     unpadded part. ``replica_id`` is 0 for tiled shardings, the position in
-    the replication group for partial ones and the device id for replicated
-    ones.
+    the replication group for partial ones (and for a replicated subgroup) and
+    the device id for replicated and manual ones. Under ``{manual}`` each device
+    holds its own value of the whole (per-device) shape: indices ``...``.
     """
 
     device: int
@@ -103,6 +105,11 @@ class OpSharding:
     (and replica ids match the partitioner's). Build one with :meth:`from_partition_spec` or :meth:`parse`;
     ``str(spec)`` is the HLO string.
 
+    ``subgroups`` names the kinds of trailing tile dimensions that are not tensor
+    dimensions, for a ``TILED`` sharding that is manual over some devices only
+    (XLA's ``last_tile_dims={manual}`` or ``{manual, replicated}``): each manual
+    group holds its own value, tiled within the group by the leading dimensions.
+
     >>> spec = OpSharding.from_partition_spec((2, 4), range(8), (0, None))
     >>> str(spec)
     '{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}'
@@ -113,12 +120,21 @@ class OpSharding:
     type: ShardingType
     tile_shape: tuple[int, ...] = ()
     devices: tuple[int, ...] = ()
+    subgroups: tuple[ShardingType, ...] = ()
 
     def __post_init__(self) -> None:
         kind = ShardingType(self.type)
         object.__setattr__(self, "type", kind)
         object.__setattr__(self, "tile_shape", tuple(int(t) for t in self.tile_shape))
         object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
+        subgroups = tuple(ShardingType(k) for k in self.subgroups)
+        object.__setattr__(self, "subgroups", subgroups)
+        if subgroups and (kind is not ShardingType.TILED or subgroups not in _SUBGROUP_KINDS
+                          or len(subgroups) >= len(self.tile_shape)):
+            raise ShardingError(
+                f"subgroups {[k.name.lower() for k in subgroups]} need a tiled sharding with a tile dimension for "
+                "each, after at least one tensor dimension, of kinds (manual) or (manual, replicated)"
+            )
         if kind in (ShardingType.TILED, ShardingType.PARTIAL):
             if any(t < 1 for t in self.tile_shape):
                 raise ShardingError(f"tile shape {list(self.tile_shape)} has a dimension below 1")
@@ -163,6 +179,48 @@ class OpSharding:
     def manual(cls) -> OpSharding:
         """Each device holds its own data, outside the partitioner's control: ``{manual}``."""
         return cls(ShardingType.MANUAL)
+
+    @classmethod
+    def subgrouped(cls, tile_shape: Sequence[int], devices: Sequence[int],
+                   kinds: Sequence[ShardingType]) -> OpSharding:
+        """A sharding whose last ``len(kinds)`` tile dimensions are subgroups of those kinds, normalized as XLA does.
+
+        ``kinds`` are MANUAL or REPLICATED, each at most once. The subgroup dimensions are put in XLA's
+        order (manual first), those of size 1 dropped; what is left may be an ordinary sharding:
+        ``{manual}`` when the manual groups are single devices, ``last_tile_dim_replicate`` without
+        a manual subgroup.
+
+        >>> str(OpSharding.subgrouped((2, 1, 4), range(8), [ShardingType.MANUAL]))
+        '{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dims={manual}}'
+        >>> str(OpSharding.subgrouped((1, 1, 8), range(8), [ShardingType.MANUAL]))
+        '{manual}'
+        """
+        tile_shape = tuple(as_int(t) for t in tile_shape)
+        devices = tuple(as_int(d) for d in devices)
+        kinds = tuple(ShardingType(k) for k in kinds)
+        if len(set(kinds)) != len(kinds) or not set(kinds) <= {ShardingType.MANUAL, ShardingType.REPLICATED}:
+            raise ShardingError(f"subgroup kinds must be manual and/or replicated, each once; got "
+                                f"{[k.name.lower() for k in kinds]}")
+        if len(kinds) >= len(tile_shape):
+            raise ShardingError(f"tile shape {list(tile_shape)} has no tensor dimension before its "
+                                f"{len(kinds)} subgroup dimension(s)")
+        if math.prod(tile_shape) != len(devices):
+            raise ShardingError(f"tile shape {list(tile_shape)} has {math.prod(tile_shape)} tiles but the tile "
+                                f"assignment lists {len(devices)} devices")
+        rank = len(tile_shape) - len(kinds)
+        order = sorted(range(len(kinds)), key=lambda i: kinds[i] is not ShardingType.MANUAL)  # manual first
+        perm = list(range(rank)) + [rank + i for i in order]
+        devices = _transpose_flat(devices, tile_shape, perm)
+        tile_shape = tuple(tile_shape[a] for a in perm)
+        kinds = tuple(kinds[i] for i in order)
+        kept = [i for i, k in enumerate(kinds) if tile_shape[rank + i] > 1]
+        tile_shape = tile_shape[:rank] + tuple(tile_shape[rank + i] for i in kept)
+        kinds = tuple(kinds[i] for i in kept)
+        if ShardingType.MANUAL not in kinds:
+            return cls.tiled(tile_shape, devices, replicate_last=bool(kinds))
+        if kinds == (ShardingType.MANUAL,) and math.prod(tile_shape[:rank]) == 1:
+            return cls.manual()
+        return cls(ShardingType.TILED, tile_shape, devices, kinds)
 
     @classmethod
     def tiled(cls, tile_shape: Sequence[int], devices: Sequence[int], *, replicate_last: bool = False) -> OpSharding:
@@ -243,6 +301,8 @@ class OpSharding:
         dims = ",".join(map(str, self.tile_shape))
         devs = ",".join(map(str, self.devices))
         tail = " last_tile_dim_replicate" if kind is ShardingType.PARTIAL else ""
+        if self.subgroups:
+            tail = " last_tile_dims={" + ", ".join(k.name.lower() for k in self.subgroups) + "}"
         return f"{{devices=[{dims}]{devs}{tail}}}"
 
     def __str__(self) -> str:
@@ -254,10 +314,18 @@ class OpSharding:
     # -- geometry -------------------------------------------------------------------
 
     @property
+    def is_manual(self) -> bool:
+        """Whether devices (all, or groups of them) hold values of their own: ``{manual}`` or manual subgroups.
+
+        Such a tensor has no single global value to gather.
+        """
+        return self.type is ShardingType.MANUAL or ShardingType.MANUAL in self.subgroups
+
+    @property
     def rank(self) -> int | None:
         """Rank of the tensors this sharding tiles, or ``None`` if it fits any rank."""
         if self.type is ShardingType.TILED:
-            return len(self.tile_shape)
+            return len(self.tile_shape) - len(self.subgroups)
         if self.type is ShardingType.PARTIAL:
             return len(self.tile_shape) - 1
         return None
@@ -270,12 +338,24 @@ class OpSharding:
 
     @property
     def replication(self) -> int:
-        """How many devices hold each tile (1 for tiled; 0 meaning 'all' for replicated)."""
+        """How many devices hold each tile (1 for tiled; 0 meaning 'all' for replicated; 1 for manual, whose
+        devices each hold their own value; for manual subgroups, the size of the replicated subgroup)."""
         if self.type is ShardingType.PARTIAL:
             return self.tile_shape[-1]
-        if self.type in (ShardingType.TILED, ShardingType.MAXIMAL):
+        if self.subgroups:
+            return self.tile_shape[-1] if self.subgroups[-1] is ShardingType.REPLICATED else 1
+        if self.type in (ShardingType.TILED, ShardingType.MAXIMAL, ShardingType.MANUAL):
             return 1
         return 0
+
+    @property
+    def holders_per_tile(self) -> int:
+        """How many devices hold the same tile of the host tensor an upload splits (1: each tile is one device's)."""
+        if self.type is ShardingType.PARTIAL:
+            return self.tile_shape[-1]
+        if self.type is ShardingType.TILED:
+            return math.prod(self.tile_shape[len(self.tile_shape) - len(self.subgroups):])
+        return 1 if self.type is ShardingType.MAXIMAL else 0
 
     @property
     def tile_assignment_devices(self) -> tuple[int, ...]:
@@ -330,10 +410,10 @@ class OpSharding:
         return self.shard(global_shape, device).indices
 
     def replica_id(self, device: int) -> int:
-        """0 for tiled, position in the replication group for partial, the device id for replicated."""
-        if self.type is ShardingType.REPLICATED:
+        """0 for tiled, position in the replication group for partial, the device id for replicated and manual."""
+        if self.type in (ShardingType.REPLICATED, ShardingType.MANUAL):
             return int(device)
-        if self.type is ShardingType.PARTIAL:
+        if self.type is ShardingType.PARTIAL or self.replication > 1:
             return self.tile_coordinates(device)[-1]
         if self.type in (ShardingType.TILED, ShardingType.MAXIMAL):
             return 0
@@ -344,7 +424,7 @@ class OpSharding:
         global_shape = tuple(int(s) for s in global_shape)
         self.check_rank(global_shape)
         kind = self.type
-        if kind is ShardingType.REPLICATED:
+        if kind in (ShardingType.REPLICATED, ShardingType.MANUAL):
             return Shard(int(device), ..., int(device), global_shape, global_shape)
         if kind is ShardingType.MAXIMAL:
             if device != self.devices[0]:
@@ -361,7 +441,7 @@ class OpSharding:
             start = min(index * size, dim)
             stop = min(start + size, dim)
             slices.append(slice(start, stop))
-        replica = coords[-1] if kind is ShardingType.PARTIAL else 0
+        replica = coords[-1] if kind is ShardingType.PARTIAL or self.replication > 1 else 0
         shape = tuple(s.stop - s.start for s in slices)
         return Shard(int(device), tuple(slices), replica, shape, padded)
 
@@ -385,6 +465,9 @@ class OpSharding:
         return [self.shard(global_shape, d) for d in self.holders(device_ids)]
 
 
+#: The subgroup kinds of a manual-subgroup sharding, in XLA's order.
+_SUBGROUP_KINDS = ((ShardingType.MANUAL,), (ShardingType.MANUAL, ShardingType.REPLICATED))
+
 # -- parsing --------------------------------------------------------------------------
 
 _DEVICES_RE = re.compile(
@@ -400,12 +483,14 @@ def parse_sharding(text: str) -> OpSharding:
 
     Accepts ``{replicated}``, ``{manual}``, ``{unknown}``, ``{maximal device=N}``,
     ``{devices=[...]d0,d1,...}``, the iota form ``{devices=[2,4]<=[4,2]T(1,0)}``,
-    ``last_tile_dim_replicate`` or ``last_tile_dims={replicated}``, and ignores
-    ``metadata={...}``. Raises :class:`ShardingError` for text that is not a
-    sharding and ``NotImplementedError`` for manual subgroups.
+    ``last_tile_dim_replicate`` or ``last_tile_dims={...}`` (subgroups: ``replicated``,
+    ``manual``), and ignores ``metadata={...}``. Raises :class:`ShardingError` for
+    text that is not a sharding.
 
     >>> parse_sharding("{devices=[2,1,4]<=[8] last_tile_dim_replicate}") == parse_sharding(
     ...     "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}")
+    True
+    >>> parse_sharding("{devices=[2,1,4]<=[8] last_tile_dims={manual}}").is_manual
     True
     """
     if not isinstance(text, str):
@@ -441,11 +526,15 @@ def parse_sharding(text: str) -> OpSharding:
     if rest == "last_tile_dim_replicate":
         replicate_last = True
     elif rest.startswith("last_tile_dims="):
-        kinds = [k.strip() for k in rest[len("last_tile_dims=") :].strip("{} ").split(",") if k.strip()]
-        if kinds == ["replicated"]:
-            replicate_last = True
-        else:
-            raise NotImplementedError(f"{text!r}: shardings with subgroups {kinds} are not supported")
+        listed = rest[len("last_tile_dims=") :].strip()
+        if not (listed.startswith("{") and listed.endswith("}")):
+            raise ShardingError(f"{text!r}: last_tile_dims reads '{{manual}}' or '{{manual, replicated}}'")
+        names = [k.strip() for k in listed[1:-1].split(",")]
+        if any(name not in ("manual", "replicated") for name in names):
+            raise ShardingError(f"{text!r}: subgroup kinds are 'manual' and 'replicated', not {names}")
+        if math.prod(dims) != len(devices):
+            raise ShardingError(f"{text!r}: tile shape {dims} has {math.prod(dims)} tiles but {len(devices)} devices")
+        return OpSharding.subgrouped(dims, devices, [ShardingType[name.upper()] for name in names])
     elif rest:
         raise ShardingError(f"{text!r}: unexpected {rest!r} after the tile assignment")
     if math.prod(dims) != len(devices):

@@ -8,6 +8,7 @@ Not a public API: use ``pjrt_plugins.spmd``.
 
 from __future__ import annotations
 
+from ._manual import in_manual_region
 from ._materialize import last_run_timings, materialize, sync
 from ._op_info import (
     OpInfo,
@@ -44,6 +45,7 @@ __all__ = [
     "data_dependent",
     "functional_of_out",
     "hold",
+    "in_manual_region",
     "is_out_variant",
     "last_run_timings",
     "materialize",

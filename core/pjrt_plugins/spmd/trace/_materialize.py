@@ -28,6 +28,7 @@ from ..execution import (
 from ..sharding import OpSharding
 from ..transport import TensorData, TensorState, reshard_buffers, upload_host_tensor
 from ._output_specs import out_meta
+from ._manual import is_region_value
 from ._record import key_value, raise_stale, spec_token
 from ._split import split_off_rest
 from ._state import ENGINE
@@ -245,8 +246,11 @@ def _execute(trace: Trace) -> None:
     results = execute_program(program, columns, vd)
     t2 = time.perf_counter()
     generation = vd.generation
+    single = options.num_partitions == 1
     for j, index in enumerate(outputs):
         spec = program.output_shardings[j]
+        if single and is_region_value(trace, index):  # XLA reports one partition's outputs all replicated
+            spec = OpSharding.manual()
         buffers = results[j]
         for data in holders[index]:
             data.set_device(buffers, spec, generation)

@@ -265,6 +265,14 @@ class TensorData:
             return []
         return [v for r in self.views if (v := r()) is not None]
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Reached only by code that copies a tensor's internals (torch.distributed.checkpoint.async_save's
+        # stager): without this, pickle fails deep inside on a cffi pointer of a device buffer.
+        raise TypeError(
+            "the data of a pjrt tensor (device buffers) cannot be copied or pickled on its own; copy or pickle the "
+            "tensor itself (copy.deepcopy(t), t.cpu(), torch.save), which gathers its value"
+        )
+
     # -- facts ---------------------------------------------------------------------------
 
     @property

@@ -67,7 +67,9 @@ def upload_host_tensor(
     """Upload ``host`` (a CPU tensor) laid out by ``sharding`` (``None``: replicated).
 
     Each device receives only its shard; returns the buffers indexed by device
-    ordinal (``None`` for devices that hold nothing). ``owned=True`` promises
+    ordinal (``None`` for devices that hold nothing). Under ``{manual}`` ``host``
+    is one device's value and every device receives a copy of it (a value of
+    its own from then on). ``owned=True`` promises
     that nobody will ever write ``host`` again: then a shard that exactly one
     device holds may be handed over without a copy where the plugin allows
     (the CPU plugin aliases it), so a tiled upload costs no host copy at all.
@@ -76,8 +78,8 @@ def upload_host_tensor(
     """
     vd = vd or virtual_device()
     spec = sharding if sharding is not None else OpSharding.replicated()
-    if spec.type is ShardingType.MANUAL or spec.type is ShardingType.UNKNOWN:
-        raise NotImplementedError(f"uploading a tensor with a {spec.type.name.lower()} sharding is not supported")
+    if spec.type is ShardingType.UNKNOWN:
+        raise NotImplementedError("uploading a tensor with an unknown sharding is not supported")
     if not vd.spmd and spec.type is not ShardingType.REPLICATED:
         raise VirtualDeviceError(f"sharding {spec} needs SPMD mode; the virtual device has one device")
     spec.check_rank(tuple(host.shape))
@@ -86,7 +88,7 @@ def upload_host_tensor(
         raise VirtualDeviceError(f"upload expects a CPU tensor, got one on {host.device}")
     host = host.detach()
     shards = spec.shards(tuple(host.shape), vd.device_ids)
-    single_holder = len(shards) == 1 or spec.type is ShardingType.TILED
+    single_holder = len(shards) == 1 or spec.holders_per_tile == 1
     buffers: list[Any] = [None] * vd.num_devices
     for shard in shards:
         source, private = _shard_source(host, shard)
@@ -102,15 +104,17 @@ def upload_shards(
     pieces: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, sharding: OpSharding,
     vd: VirtualDevice | None = None,
 ) -> list[Any]:
-    """Upload one given (padded) shard per device ordinal, laid out by a tiled ``sharding``; returns the buffers.
+    """Upload one given (padded) shard per device ordinal, laid out by a tiled or manual ``sharding``; returns the
+    buffers.
 
     ``pieces[i]`` is what device ``i`` holds: a CPU tensor of the padded shard shape
-    (``sharding.shard_shape(shape)``), converted to ``dtype`` if needed. Each device receives
-    its piece only. Raises :class:`ShardingError` for a wrong count or shape of pieces.
+    (``sharding.shard_shape(shape)``; under ``{manual}``, ``shape`` itself: each device's own
+    value), converted to ``dtype`` if needed. Each device receives its piece only. Raises
+    :class:`ShardingError` for a wrong count or shape of pieces.
     """
     vd = vd or virtual_device()
-    if sharding.type not in (ShardingType.TILED, ShardingType.PARTIAL):
-        raise ShardingError(f"per-device shards need a tiled sharding, not {sharding}")
+    if sharding.type not in (ShardingType.TILED, ShardingType.PARTIAL, ShardingType.MANUAL):
+        raise ShardingError(f"per-device shards need a tiled or manual sharding, not {sharding}")
     sharding.check_rank(tuple(shape))
     sharding.check_devices(vd.device_ids)
     if len(pieces) != vd.num_devices:
@@ -212,6 +216,12 @@ def gather_shards(
     plugins whose buffers live in device memory, go through a staging tensor.
     """
     shape = tuple(shape)
+    if sharding.is_manual:
+        raise ShardingError(
+            f"a tensor with sharding {sharding} holds a value of its own on each device (or group of devices) and "
+            "has no single global value to gather: read each device's value with local_shards, or leave the "
+            "manual region with disable_manual_sharding first"
+        )
     shards = sharding.shards(shape, device_ids)
     if sharding.type in (ShardingType.REPLICATED, ShardingType.MAXIMAL):
         first = shards[0]

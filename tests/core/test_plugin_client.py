@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
-from runtime_support import CPU_OPTION_SCHEMA
 
 import pjrt_plugins
-from pjrt_plugins import DevicePlugin, PluginUnavailableError, hookimpl
-from pjrt_plugins.runtime import Client, PluginInitializeTimeoutError, PluginTimeoutError, create_client_for_plugin
+from pjrt_plugins import DevicePlugin, PluginUnavailableError, create_client_for_plugin, hookimpl
+from pjrt_plugins.runtime import Client, PluginInitializeTimeoutError, PluginTimeoutError
+
+#: The create options of the CPU plugin (the backend package declares the same schema).
+CPU_OPTION_SCHEMA = {"cpu_device_count": int}
 
 
 class RecordingCpuPlugin(DevicePlugin):
@@ -62,12 +68,13 @@ def test_hooks_run_in_order_and_options_merge(cpu_library_path):
     with create_client_for_plugin(plugin) as client:
         assert isinstance(client, Client) and len(client.devices) == 2  # the plugin's own options
         assert client.plugin_name == "recording-cpu"
-    assert plugin.log == ["single", "preflight", "library_path", "create_options"]
+    # The core asks for the library (to refuse a missing one) before the backend's preflight.
+    assert plugin.log == ["single", "library_path", "preflight", "library_path", "create_options"]
     with create_client_for_plugin(plugin, {"cpu_device_count": 5}) as client:
         assert len(client.devices) == 5  # the caller's options are laid over the plugin's
 
 
-def test_device_plugin_create_client_goes_through_the_runtime(cpu_library_path):
+def test_device_plugin_create_client_goes_through_the_same_path(cpu_library_path):
     plugin = RecordingCpuPlugin(str(cpu_library_path))
     with plugin.create_client({"cpu_device_count": 3}) as client:
         assert len(client.devices) == 3
@@ -86,14 +93,14 @@ def test_configure_false_skips_the_configure_hooks(cpu_library_path):
     plugin = RecordingCpuPlugin(str(cpu_library_path))
     with create_client_for_plugin(plugin, configure=False):
         pass
-    assert "single" not in plugin.log and plugin.log[0] == "preflight"
+    assert "single" not in plugin.log and plugin.log[:2] == ["library_path", "preflight"]
 
 
-def test_preflight_refusal_stops_before_the_library_is_touched(cpu_library_path):
+def test_preflight_refusal_stops_before_the_library_is_opened(cpu_library_path):
     plugin = RecordingCpuPlugin(str(cpu_library_path), refuse=True)
     with pytest.raises(PluginUnavailableError, match="no recording-cpu hardware"):
         create_client_for_plugin(plugin)
-    assert "library_path" not in plugin.log
+    assert plugin.log == ["single", "library_path", "preflight"]  # its path checked, nothing opened or created
 
 
 def test_options_are_validated_against_the_plugin_schema(cpu_library_path):
@@ -139,3 +146,21 @@ def test_registered_cpu_backend_if_installed():
         pytest.skip(f"the cpu backend is unavailable here: {plugin.unavailable_reason()}")
     with plugin.create_client({"cpu_device_count": 2}) as client:
         assert client.platform_name == "cpu" and len(client.devices) == 2
+
+
+def test_the_old_runtime_name_still_works_with_a_deprecation_warning():
+    import pjrt_plugins.runtime as runtime
+
+    with pytest.warns(DeprecationWarning, match="pjrt_plugins.create_client_for_plugin"):
+        assert runtime.create_client_for_plugin is create_client_for_plugin
+
+
+def test_loading_the_runtime_loads_no_client_creation_glue():
+    """The runtime is the layer below the hooks: importing it never pulls in the glue above it."""
+    code = "import json, sys, pjrt_plugins.runtime; print(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PJRT_PLUGINS_AUTOLOAD": "0"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout))
+    assert "pjrt_plugins.runtime._client" in loaded
+    assert not loaded & {"pjrt_plugins._plugin_client", "pjrt_plugins._client_setup", "pjrt_plugins.hookspecs"}

@@ -4,6 +4,10 @@ Order matters and is the contract vendors rely on: configure the process, run th
 preflight (which may refuse before any hardware is touched), find and open the library,
 initialize it within the plugin's timeout, then create the client with validated options
 (and the environment the plugin asks for around that one call).
+
+This glue sits above both layers it joins: it calls the plugin's hooks and the runtime's
+objects, and the runtime never sees a plugin. ``DevicePlugin.create_client`` imports it on
+first use, so ``import pjrt_plugins`` does not load the runtime.
 """
 
 from __future__ import annotations
@@ -15,13 +19,12 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PjrtError
-from ..options import validate_options
-from ._client import Client
-from ._library import load_library
+from ._client_setup import checked_create_options, plugin_label, prepare_process
+from .errors import PjrtError
+from .runtime import Client, load_library
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .._plugin import DevicePlugin
+    from ._plugin import DevicePlugin
 
 logger = logging.getLogger(__name__)
 _environment_lock = threading.Lock()
@@ -81,40 +84,6 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-
-
-def plugin_label(plugin: DevicePlugin) -> str:
-    return plugin.name or type(plugin).__name__
-
-
-def prepare_process(plugin: DevicePlugin, *, configure: bool = True) -> None:
-    """Configure this process for the plugin (its local rank, or single process), then run its preflight."""
-    if configure:
-        world = plugin.local_world_size()
-        if world > 1:
-            rank = plugin.local_process_rank()
-            logger.debug("configuring plugin %s for local rank %d of %d", plugin_label(plugin), rank, world)
-            plugin.configure_multiprocess(rank, world)
-        else:
-            plugin.configure_single_process()
-    plugin.preflight()
-
-
-def checked_create_options(
-    plugin: DevicePlugin, options: Mapping[str, Any] | None = None
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(options, schema)``: ``options`` over the plugin's own, typed and checked by its schema and hook.
-
-    Also what other consumers of the library (JAX, see :mod:`pjrt_plugins.jax_plugin`)
-    pass to ``PJRT_Client_Create``, so a plugin's options are validated the same way there.
-    """
-    merged = dict(plugin.client_create_options())
-    if options:
-        merged.update(options)
-    schema = plugin.option_schema()
-    validate_options(merged, schema, plugin=f"plugin {plugin_label(plugin)!r}")  # types first: the hook reads typed values
-    plugin.hook.pjrt_check_client_options(options=dict(merged))
-    return merged, schema
 
 
 def _with_plugin_hint(error: PjrtError, plugin: DevicePlugin) -> PjrtError:
