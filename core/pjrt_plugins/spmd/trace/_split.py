@@ -20,7 +20,7 @@ from typing import Any
 
 from ..lowering import ScalarSlot
 from ..transport import TensorData
-from ._record import _ref, pending_data
+from ._record import _append, _ref, pending_data
 from ._state import ENGINE
 from ._trace import GETITEM, INPUT, LazyValue, Step, Trace
 
@@ -43,10 +43,12 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
     """The part of ``trace`` that ``wanted`` (entry indices) needs, as a new trace holding the live values it
     computes, and the function that, once that part ran, makes the rest a new pending trace; None when the rest
     is empty or not cheap (then the whole trace runs). ``holders``: the live tensors of each entry."""
+    if all(i in wanted for i in holders):  # nothing else is live: the whole trace runs
+        return None
     deps = [_dependencies(entry) for entry in trace.entries]
     needed = _closure(trace, wanted, deps)
     rest_roots = [i for i in holders if i not in needed]
-    if not rest_roots or len(needed) == len(trace.entries):
+    if not rest_roots:
         return None
     rest = _closure(trace, rest_roots, deps, stop=needed)
     for i in rest:
@@ -64,7 +66,7 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
     external: dict[int, TensorData] = {}
     for i in rest:
         for j in deps[i]:
-            if j in needed and j not in external:
+            if j in needed and j not in external and trace.entries[j][0] != INPUT:
                 held = holders.get(j)
                 external[j] = held[0] if held else pending_data(LazyValue(first, first_index[j]))
 
@@ -140,7 +142,13 @@ def _replay(old: Trace, keep: list[int], external: dict[int, TensorData]) -> tup
         kind = type(key)
         if kind is int:
             hit = index.get(key)
-            return hit if hit is not None else _ref(new, external[key])
+            if hit is not None:
+                return hit
+            if old.entries[key][0] == INPUT:  # an input both parts read: an input of this one too
+                hit = index[key] = _append(new, old.entries[key], old.outs[key])
+                new.inputs.append(old.inputs[ordinal[key]])
+                return hit
+            return _ref(new, external[key])
         if kind is not tuple or not key:
             return key
         tag = key[0]
