@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import pjrt_plugins.spmd as xs
 
@@ -375,3 +376,63 @@ def test_numbers_made_in_the_compiled_code_are_part_of_the_region(engine, dynami
         assert ops == 1
         assert torch.equal(out.cpu(), f(x))
     assert "op by op" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_tensors_made_from_python_data_inside_are_part_of_the_region(engine, dynamic, caplog):
+    # torch.tensor(list, device=x.device) is built in C++ past dynamo's fake mode: transformers' KV cache
+    # starts from torch.tensor([], device=...) in every forward.
+    def f(a):
+        empty = torch.tensor([], dtype=a.dtype, device=a.device)
+        table = torch.tensor([1.0, -2.0, 3.0], dtype=a.dtype, device=a.device)
+        picks = torch.tensor([2, 0], device=a.device)
+        return torch.cat([empty, a * table]).index_select(1, picks)
+
+    compiled = torch.compile(f, backend="pjrt", dynamic=dynamic)
+    caplog.set_level("INFO", logger="pjrt_plugins.spmd.frontend._dynamo_backend")
+    for rows in (2, 5):
+        x = torch.randn(rows, 3)
+        ops, out = _recorded_ops(lambda x=x: compiled(xs.mark_sharding(x.to("pjrt"), MESH, (None, None))))
+        assert ops == 1
+        assert torch.equal(out.cpu(), f(x))
+    assert "op by op" not in caplog.text, caplog.text
+
+
+def test_in_place_writes_into_tensors_made_inside_are_kept(engine):
+    # A static KV cache: zeros made on the first call, traced values written into them with index_copy_, and a
+    # position counter moved to pjrt and advanced in place; later calls update the same tensors.
+    class Cache:
+        keys: torch.Tensor | None = None
+
+        def __init__(self) -> None:
+            self.length = torch.tensor(0)
+
+    def step(x, cache):
+        if cache.keys is None:
+            cache.keys = torch.zeros(x.shape[0], 6, dtype=x.dtype, device=x.device)
+            cache.length = cache.length.to(x.device)
+        positions = torch.arange(x.shape[1], device=x.device) + cache.length
+        cache.length.add_(x.shape[1])
+        cache.keys.index_copy_(1, positions, x)
+        return cache.keys.sum(0)
+
+    compiled = torch.compile(step, backend="pjrt")
+    want, got = Cache(), Cache()
+    for width in (3, 1, 1):
+        x = torch.randn(4, width)
+        assert_close(f"a call with {width} new columns", compiled(x.to("pjrt"), got).cpu(), step(x, want))
+        assert torch.equal(got.keys.cpu(), want.keys)
+        assert int(got.length.cpu()) == int(want.length)
+
+
+def test_printing_a_pjrt_tensor_under_a_fake_mode_downloads_nothing(engine):
+    # Dynamo formats its errors with repr() of the arguments under its fake mode, where a download fails with
+    # an unrelated error that hid the real one.
+    xp = torch.arange(6.0).to("pjrt") + 1
+    xs.sync()
+    downloaded = xs.metrics().bytes_downloaded
+    with FakeTensorMode():
+        text = repr(xp)
+    assert "size=(6,)" in text and "torch.float32" in text, text
+    assert xs.metrics().bytes_downloaded == downloaded
+    assert "2." in repr(xp)  # outside any mode: the values

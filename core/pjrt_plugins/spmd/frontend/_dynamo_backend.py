@@ -16,8 +16,8 @@ which ``__tensor_unflatten__`` turns back into pjrt tensors.
 A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic shapes after a size
 changed) becomes a region per concrete signature, made on the first call with it: the sizes are
 computed on meta tensors and written into a copy of the graph (:func:`_specialize`). A graph that does
-not lower whole (an operator without a lowering, a tensor constant that is not a number) runs op by op
-through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each call
+not lower whole (an operator without a lowering, a tensor constant of more than ``MAX_CONSTANT_ELEMENTS``)
+runs op by op through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each call
 draws its keys of the device RNG stream, as eager ops do.
 """
 
@@ -132,11 +132,12 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     refused = [d for d in devices if d not in (None, "meta", DEVICE_TYPE)]
     if refused:  # .cpu() inside: a CPU tensor, not a pjrt one
         raise NotImplementedError(f"a graph output is a tensor on {refused[0]}")
-    graph = fx.Graph()
+    constants = torch.nn.Module()  # owns the graph: holds the tensor constants its get_attr nodes read
+    graph = fx.Graph(owning_module=constants)  # type: ignore[arg-type]
     graph.output(graph.graph_copy(gm.graph, {}))  # graph_copy returns what the graph outputs
     for node in list(graph.nodes):
         if node.op == "get_attr":
-            _inline_constant(graph, node, getattr(gm, node.target))
+            _inline_constant(graph, node, getattr(gm, node.target), constants)
         elif "val" in node.meta:
             as_meta = functools.partial(_as_meta, what=node.name)
             node.meta["val"] = tree_map_only(torch.Tensor, as_meta, node.meta["val"])
@@ -160,20 +161,35 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     return _RegionPlan(expanded, inputs, outputs, positions, len(leaves), plain, constants)
 
 
-def _inline_constant(graph: fx.Graph, node: fx.Node, value: Any) -> None:
-    """A number the graph holds (``torch.tensor(2.5)`` in the compiled code, a 0-d CPU tensor that torch lifts
-    into a module attribute) as a ``full`` node: part of the program, uploaded never."""
-    # Only the constants dynamo lifts out of the code (``_tensor_constant<N>``): a module's own tensor could be
-    # changed in place between calls, and a value written into the program would not follow.
+#: The most elements a tensor constant of a graph may have to be written into its program (a lookup table the
+#: code builds with ``torch.tensor(list)``); a bigger one keeps the graph op by op.
+MAX_CONSTANT_ELEMENTS = 1 << 16
+
+
+def _inline_constant(graph: fx.Graph, node: fx.Node, value: Any, constants: torch.nn.Module) -> None:
+    """A tensor the graph holds as a constant (``torch.tensor(2.5)`` or ``torch.tensor([1, 2])`` in the compiled
+    code, which dynamo lifts into ``_tensor_constant<N>`` attributes) made part of the program, uploaded never:
+    a number or an empty tensor as a ``full`` node, other values as a StableHLO constant (the ``get_attr``
+    node stays, reading ``constants``, which owns the region's graph)."""
+    # Only the constants dynamo lifts out of the code: a module's own tensor could be changed in place between
+    # calls, and a value written into the program would not follow. Dynamo guards the Python values it made
+    # them from, so a new value is a new graph.
     if not (str(node.target).startswith("_tensor_constant") and isinstance(value, torch.Tensor)
-            and value.dim() == 0 and value.device.type == "cpu"):
-        raise NotImplementedError(f"graphs holding a constant that is not a number ({node.target}) are not regions yet")
+            and value.device.type == "cpu" and not value.dtype.is_complex
+            and value.numel() <= MAX_CONSTANT_ELEMENTS):
+        raise NotImplementedError(f"graphs holding a tensor constant other than a small CPU tensor ({node.target}) "
+                                  "are not regions yet")
     with unset_fake_temporarily():  # the backend runs under dynamo's fake mode; the constant is real
-        number = value.item()
+        if value.dim() == 0 or value.numel() == 0:
+            fill: Any = value.item() if value.numel() else 0
+        else:
+            setattr(constants, str(node.target), value.detach().clone())
+            node.meta["val"] = torch.empty(value.shape, dtype=value.dtype, device=_META)
+            return
     with graph.inserting_before(node):
-        full = graph.call_function(torch.ops.aten.full.default, ((), number),
+        full = graph.call_function(torch.ops.aten.full.default, (list(value.shape), fill),
                                    {"dtype": value.dtype, "device": _META})
-    full.meta["val"] = torch.empty((), dtype=value.dtype, device=_META)
+    full.meta["val"] = torch.empty(value.shape, dtype=value.dtype, device=_META)
     node.replace_all_uses_with(full)
     graph.erase_node(node)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch._guards import TracingContext
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils import _pytree as pytree
 from torch.utils._pytree import tree_map_only
@@ -151,15 +152,22 @@ def trace_dispatch(cls: type, func: Any, args: tuple, kwargs: dict) -> Any:
                                "every pjrt tensor the compiled function uses as an argument or module attribute")
         return x.__dict__["_pjrt_inner_tensor"]  # type: ignore[no-any-return]
 
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (plain pjrt tensor, its meta copy)
+
     def on_meta(x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, cls):
             return inner(x)
+        if x.device.type != DEVICE_TYPE:
+            return x
         # A factory's tensor (torch.arange(n, device=x.device)), traced as a plain tensor on pjrt: the inner
         # tensors live on the meta device (the lowering ignores devices).
-        return x.to(_META) if x.device.type == DEVICE_TYPE else x
+        copy = x.to(_META)
+        copies.append((x, copy))
+        return copy
 
     try:
-        out = func(*tree_map_only(torch.Tensor, on_meta, args), **tree_map_only(torch.Tensor, on_meta, kwargs))
+        meta_args, meta_kwargs = tree_map_only(torch.Tensor, on_meta, args), tree_map_only(torch.Tensor, on_meta, kwargs)
+        out = func(*meta_args, **meta_kwargs)
     except RuntimeError as exc:
         if "meta and cpu" not in str(exc) and "cpu and meta" not in str(exc):
             raise
@@ -171,6 +179,25 @@ def trace_dispatch(cls: type, func: Any, args: tuple, kwargs: dict) -> Any:
             f"cpu! torch.compile on pjrt: {func} mixes pjrt tensors with a CPU tensor of shape "
             f"{shapes[0] if shapes else '?'}; move it to the pjrt device before the call (t.to(\"pjrt\")), or make "
             "it inside the compiled function with device=x.device") from None
+    if copies:
+        # An in-place op on a factory's tensor (a static KV cache: torch.zeros(..., device=x.device), then
+        # index_copy_ of traced values into it) wrote into its meta copy: write the copy back, or the traced
+        # graph would keep the factory's values and drop the write.
+        written = _written_tensors(func, args, kwargs)
+        for plain, copy in copies:
+            if any(plain is w for w in written):
+                plain.copy_(copy)
     wrapped = tree_map_only(torch.Tensor, lambda o: outer_of(cls, o, o.shape, o.stride()) if o.device == _META else o,
                             out)
     return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+def _written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors ``func`` writes into (``self`` of an in-place op, ``out=``), by its schema."""
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
+        written.extend(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+    return written

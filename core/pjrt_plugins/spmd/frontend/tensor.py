@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["XLAShard", "XLAShardedTensor", "copy_into", "describe", "materialize", "to_cpu", "unwrap", "wrap"]
 
 aten = torch.ops.aten
+_META = torch.device("meta")
 
 
 @dataclass
@@ -266,6 +267,8 @@ class XLAShardedTensor(torch.Tensor):
         data = self._pjrt_data
         if data is None:
             return f"XLAShardedTensor(<traced by torch.compile>, size={tuple(self.shape)}, dtype={self.dtype})"
+        if torch._C._len_torch_dispatch_stack() > 0:  # dynamo formats errors under its fake mode: no download
+            return f"XLAShardedTensor(<pjrt values>, size={tuple(self.shape)}, dtype={self.dtype})"
         materialize([data])
         if data.state is TensorState.DEVICE and data.sharding is not None and data.sharding.is_manual:
             # A value of a manual-sharding region: one per device, no global value to show.
@@ -540,7 +543,19 @@ def _fused_optimizer_step(func: Any, args: tuple, kwargs: dict) -> Any:
 
 @_handles(aten.lift_fresh.default)
 def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
-    return args[0]  # torch.tensor(..., device="pjrt") marks its fresh result; nothing to do
+    """``torch.tensor(data, device="pjrt")`` marks its fresh result; nothing to do, except while torch.compile traces.
+
+    torch builds that tensor in C++ with the Python key off, so our factory kernels make a real pjrt tensor
+    holding the values on the host even under dynamo's fake mode. There it becomes a tracing tensor whose
+    inner tensor is the fake mode's constant of those values moved to the meta device: the graph holds the
+    values as a constant and computes with them like any other traced tensor.
+    """
+    data = unwrap(args[0])
+    if data.state is TensorState.HOST and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE):
+        assert data.host is not None
+        inner = aten._to_copy.default(aten.lift_fresh_copy.default(data.host), device=_META)
+        return outer_of(type(args[0]), inner, inner.shape, inner.stride())
+    return args[0]
 
 
 @_handles(aten._to_copy.default)
