@@ -159,6 +159,9 @@ def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) 
             source = next(inputs)
             node = graph.placeholder(f"in{len(nodes)}")
             node.meta["sharding"] = source.sharding
+            if source.mesh is not None:  # the lowering's Shardy mesh takes its axis names
+                mesh = source.mesh
+                node.meta["mesh"] = (mesh.mesh_shape, mesh.axis_names, tuple(mesh.device_ids.tolist()))
         elif kind == GETITEM:
             node = graph.call_function(operator.getitem, (nodes[entry[1]], entry[2]), name="getitem")
         else:
