@@ -1,8 +1,8 @@
 """A transformers Llama training step on 8 CPU devices: ours eager and compiled, against PyTorch/XLA 2.9 and torchax.
 
 The model is transformers' ``LlamaForCausalLM`` built from its config (4 layers, hidden 128, 4 query heads sharing
-2 key/value heads, MLP 512, vocabulary 512; ``use_cache=False``, since a training step needs no KV cache and
-``torch.compile`` fails with it today), batch 8 x 64 tokens without an attention mask, the model's own
+2 key/value heads, MLP 512, vocabulary 512; ``use_cache=False``: a training step needs no KV cache, and the peers
+then run the same graph), batch 8 x 64 tokens without an attention mask, the model's own
 cross-entropy loss, AdamW (lr 1e-3, weight decay 0.01). Two meshes: ``(8,)`` data-parallel (the batch sharded), and
 ``(2, 4)`` data x model with the MLP Megatron-sharded (gate and up projections by rows, down projection by
 columns). Every side starts from the same weights (numpy, seeded) and data, so their losses agree.

@@ -1,4 +1,4 @@
-"""`pjrt-plugins doctor`: check each plugin (loaded, available, library, API version, client, memory).
+"""`pjrt-plugins doctor`: check each plugin (loaded, available, library, API version, client, memory, partitioner).
 
 Whatever touches a vendor library runs in a child process with a timeout, so a
 library that hangs or aborts is reported, never able to hang or kill the doctor.
@@ -6,6 +6,7 @@ library that hangs or aborts is reported, never able to hang or kill the doctor.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ from ._registry import PluginRecord, plugin_record
 _MARK = "@@pjrt-plugins-doctor@@ "
 _channel: EventChannel | None = None  # the child's private event channel (set in __main__)
 DEFAULT_TIMEOUT_S = 60.0
-STAGES = ("loaded", "available", "library", "api version", "client", "memory")
+STAGES = ("loaded", "available", "library", "api version", "client", "memory", "partitioner")
 
 
 @dataclass
@@ -221,23 +222,26 @@ def probe(name: str) -> None:
         _emit(check="client", ok=None, detail="skipped: the plugin is unavailable here", fix="")
         return
 
-    memory: list[Any] = []
+    later: list[dict[str, Any]] = []
 
     def client() -> tuple[bool, str, Any]:
         started = time.monotonic()
         with plugin.create_client() as created:
             devices = created.devices
             detail = f"{created.platform_name}, {len(devices)} device{'s' if len(devices) != 1 else ''}"
-            memory.append(_memory_check(created))
-        return True, f"{detail} ({time.monotonic() - started:.2f} s)", True
+            elapsed = time.monotonic() - started
+            later.append(_memory_check(created))
+            later.append(_partitioner_check(created))
+        return True, f"{detail} ({elapsed:.2f} s)", True
 
     if _run_stage(
         "client",
         client,
         "check the device, its driver and the plugin's create options (pjrt-plugins devices NAME -o KEY=VALUE)",
-    ) and memory:
-        _emit(start="memory")
-        _emit(**memory[0])
+    ):
+        for check in later:
+            _emit(start=check["check"])
+            _emit(**check)
 
 
 def _memory_check(client: Any) -> dict[str, Any]:
@@ -259,6 +263,27 @@ def _memory_check(client: Any) -> dict[str, Any]:
     if info["bytes_limit"] is not None:
         parts.append(f"limit {_size(info['bytes_limit'])}")
     return {"check": "memory", "ok": True, "detail": f"device {device.id}: " + ", ".join(parts), "fix": ""}
+
+
+def _partitioner_check(client: Any) -> dict[str, Any]:
+    """The ``partitioner`` check: Shardy or GSPMD for sharded programs, as the plugin answers a tiny Shardy program."""
+    from .runtime import shardy_refusal
+
+    devices = client.addressable_devices
+    if not devices:
+        return {"check": "partitioner", "ok": None, "detail": "skipped: no addressable device", "fix": ""}
+    try:
+        reason = shardy_refusal(client, [int(d.id) for d in devices])
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+        return {"check": "partitioner", "ok": False, "detail": f"{type(exc).__name__}: {exc}",
+                "fix": "the plugin failed while compiling a tiny sharded program"}
+    detail = "shardy" if reason is None else f"gspmd ({reason})"
+    if len(devices) == 1:
+        detail += " (probed on the client's one device)"
+    forced = os.environ.get("PJRT_PLUGINS_PARTITIONER", "").strip().lower()
+    if forced in ("shardy", "gspmd"):
+        detail += f"; PJRT_PLUGINS_PARTITIONER forces {forced}"
+    return {"check": "partitioner", "ok": True, "detail": detail, "fix": ""}
 
 
 def _size(count: int) -> str:

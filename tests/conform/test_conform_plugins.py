@@ -36,6 +36,7 @@ def test_cpu_plugin_passes_every_check_with_four_devices(run_cli):
     # every dtype the runtime carries is round-tripped, multi-device execution really ran
     assert {"buffers.bfloat16", "buffers.float8_e4m3fn", "buffers.complex128", "buffers.bool"} <= set(report)
     assert "4 partitions" in report["execute.spmd"][1]
+    assert "the Shardy partitioner" in report["execute.shardy"][1]
     assert "4 replicas" in report["execute.every_device"][1]
 
 
@@ -43,7 +44,7 @@ def test_cpu_plugin_with_one_device_skips_multi_device_checks_and_says_why(run_c
     run = run_cli("conform", "cpu")
     assert run.returncode == 0, run
     assert "=> conforms" in run.stdout
-    for check in ("execute.every_device", "execute.spmd", "buffers.copy_to_device"):
+    for check in ("execute.every_device", "execute.spmd", "execute.shardy", "buffers.copy_to_device"):
         line = next(line for line in run.stdout.splitlines() if f" {check} " in line)
         assert line.split()[0] == "SKIP" and "needs at least 2" in line, line
 

@@ -120,6 +120,7 @@ def test_doctor_checks_a_working_plugin_end_to_end(run_installed, cpu_library):
     assert without.returncode == 0 and "runtime: Python path, without the compiled fast path (PJRT_PLUGINS_FASTPATH=0 is set)" in without.stdout
     checks = {c["check"]: c for c in report["plugins"][0]["checks"]}
     assert checks["api version"]["detail"].startswith("0.") and checks["client"]["detail"].startswith("cpu, ")
+    assert checks["partitioner"]["ok"] and checks["partitioner"]["detail"].startswith("shardy")
 
 
 def test_doctor_reports_a_broken_plugin_with_its_reason_and_fix(site, run_installed):

@@ -53,7 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("runtime: buffers", ("pjrt_plugins.runtime._buffer",)),
     ("runtime: executables", ("pjrt_plugins.runtime._executable",)),
-    ("runtime: client", ("pjrt_plugins.runtime._client",)),
+    ("runtime: client", ("pjrt_plugins.runtime._client", "pjrt_plugins.runtime._partitioner")),
     ("runtime", ("pjrt_plugins.runtime",)),
     # The DevicePlugin contract, its defaults, and creating a client from a plugin's hooks.
     ("hook contract", (

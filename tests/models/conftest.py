@@ -9,6 +9,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import pjrt_plugins.spmd as xs  # noqa: E402
 
@@ -26,3 +27,12 @@ def cpu8():
     xs.reset_metrics()
     yield vd
     xs.set_cpu_fallback(True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: dynamo keeps compiled frames per code object (one ``forward`` for every
+    model of a class), and the recompiles of earlier tests would count against its recompile limit."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

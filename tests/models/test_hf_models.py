@@ -180,12 +180,14 @@ def test_trains_data_parallel_and_evaluates_like_cpu_eager(cpu8, name):
     assert xs.metrics().fallbacks == 0
 
 
-def test_llama_trains_under_torch_compile_without_kv_cache_like_cpu_eager(cpu8):
-    """``torch.compile(backend="pjrt")`` on a transformers model: forward and backward become one recorded op each.
-    ``use_cache=False``: with the default KV cache the compiled forward fails today (docs/missing.md)."""
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_trains_under_torch_compile_with_its_kv_cache_like_cpu_eager(cpu8, name):
+    """``torch.compile(backend="pjrt")`` on a transformers model in its default config: the forward builds a KV
+    cache from ``torch.tensor([], device=...)`` even in training; forward and backward are one recorded op each."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(use_cache=False, **DECODER)).train()
+    ref = CASES[name].build().train()
+    assert ref.config.use_cache, "the default config builds a KV cache"
     model = copy.deepcopy(ref).to("pjrt")
     forward = torch.compile(model, backend="pjrt")
     mesh = xs.Mesh(range(8), (8,), ("data",))
@@ -210,6 +212,67 @@ def test_llama_trains_under_torch_compile_without_kv_cache_like_cpu_eager(cpu8):
     for (key, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
         assert_close(f"{key} after {STEPS} steps", got.cpu(), want)
     assert xs.metrics().fallbacks == 0
-    # The eager step records every ATen operator (about 600 for this model); compiled, the forward and the backward
-    # are one region op each, and the optimizer's operators are eager as before.
+    # The eager step records every ATen operator (about 600 for Llama); compiled, the forward and the backward are
+    # one region op each, and the optimizer's operators are eager as before.
     assert recorded[-1] < 100, f"ops recorded per compiled step: {recorded}"
+
+
+def _cache(kind: str, model: nn.Module) -> transformers.Cache:
+    if kind == "static":
+        return transformers.StaticCache(config=model.config, max_cache_len=SEQ + 4)
+    return transformers.DynamicCache(config=model.config)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_llama_decodes_with_a_kv_cache_under_torch_compile_like_cpu_eager(cpu8, kind):
+    """A prefill then decode steps of one token through the compiled model, the cache passed in and updated: the
+    dynamic cache grows by ``cat``, the static one is written in place (zeros made on the first call, then
+    ``index_copy_``). A static cache's decode steps, once warm, run one program."""
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    ref = CASES["llama"].build().eval()
+    model = copy.deepcopy(ref).to("pjrt")
+    forward = torch.compile(model, backend="pjrt")
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    cache_ref, cache = _cache(kind, ref), _cache(kind, model)
+    ids = _tokens(torch.Generator().manual_seed(1))["input_ids"]
+    compiles = []
+    with torch.no_grad():
+        for step in range(5):
+            want = ref(input_ids=ids, cache=cache_ref, use_cache=True)
+            before = xs.metrics().compiles
+            got = forward(**_shard_batch({"input_ids": ids}, mesh), cache=cache, use_cache=True)
+            assert_close(f"{kind} cache: logits at step {step}", got.logits.cpu(), want.logits)
+            compiles.append(xs.metrics().compiles - before)
+            ids = want.logits[:, -1:].argmax(-1)
+        for layer, layer_ref in zip(cache.layers, cache_ref.layers):
+            assert_close(f"{kind} cache: keys", layer.keys.cpu(), layer_ref.keys)
+            assert_close(f"{kind} cache: values", layer.values.cpu(), layer_ref.values)
+    assert xs.metrics().fallbacks == 0
+    if kind == "static":  # the first decode steps compile (the counter's update waits for the next step), then none
+        assert compiles[3:] == [0, 0], f"compiles per step: {compiles}"
+
+
+def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
+    """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, and once
+    warm, a longer answer compiles no more programs than a shorter one (the decode step is one program; only the
+    final ``input_ids`` of a new length is new)."""
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    ref = CASES["llama"].build().eval()
+    model = copy.deepcopy(ref).to("pjrt")
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    # No pad token in the prompt: transformers then drops the attention mask (a padded prompt's mask grows by one
+    # column per token and is read by every decode step: a program per token, docs/missing.md).
+    prompt = torch.randint(1, VOCAB, (BATCH, 5), generator=torch.Generator().manual_seed(1))
+    compiles = {}
+    for new_tokens in (4, 8, 16):
+        options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        want = ref.generate(prompt, **options)
+        before = xs.metrics().compiles
+        cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+        got = model.generate(_shard_batch({"input_ids": prompt}, mesh)["input_ids"], cache=cache, **options)
+        assert torch.equal(got.cpu(), want), f"{new_tokens} new tokens"
+        compiles[new_tokens] = xs.metrics().compiles - before
+    assert xs.metrics().fallbacks == 0
+    assert compiles[16] <= compiles[8] <= 2, f"programs compiled per generate call after the first: {compiles}"

@@ -94,6 +94,9 @@ INT_OPS = [
     ("to_float", lambda a, b: a.float() * 0.5),
     ("sum", lambda a, b: a.sum(1)),
     ("bool_sum", lambda a, b: (a > 0).sum()),
+    ("round", lambda a, b: (a * b).round()),  # integers stay as they are, in their dtype
+    ("ceil", lambda a, b: (a * b).ceil()),
+    ("floor", lambda a, b: (a * b).floor()),
 ]
 
 

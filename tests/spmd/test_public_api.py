@@ -24,6 +24,8 @@ ENGINE_NAMES = {
     "Metrics": "pjrt_plugins.spmd.devices",
     "set_cache_dir": "pjrt_plugins.spmd.execution",
     "clear_compile_cache": "pjrt_plugins.spmd.execution",
+    "set_partitioner": "pjrt_plugins.spmd.execution",
+    "get_partitioner": "pjrt_plugins.spmd.execution",
 }
 SPMD_DIR = Path(xs.__file__).parent
 

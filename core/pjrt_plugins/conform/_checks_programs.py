@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from ..errors import UnsupportedFunctionError
-from ..runtime import CompileOptions
+from ..runtime import SHARDY_PROBE_PROGRAM, CompileOptions, shardy_refusal
 from ._checks_buffers import one_device_reason
 from ._context import Context
 from ._framework import Fail, Skip, Unsupported, check
@@ -143,6 +143,27 @@ def check_execute_spmd(ctx: Context) -> str:
         if float(total.to_numpy()) != expected_sum:
             raise Fail(f"partition {i} reduced to {float(total.to_numpy())}, expected {expected_sum}")
     return f"{count} partitions; each shard and the cross-device sum ({expected_sum:g}) correct"
+
+
+@check("execute.shardy", "a program carrying Shardy (sdy) shardings is partitioned by Shardy",
+       requires=("execute.single", "buffers.every_device"))
+def check_execute_shardy(ctx: Context) -> str:
+    client = ctx.client
+    count = len(client.addressable_devices)
+    if count < 2:
+        raise Skip(one_device_reason(ctx))
+    reason = shardy_refusal(client, [int(d.id) for d in client.addressable_devices])
+    if reason is not None:
+        raise Unsupported(f"{reason}; pjrt-plugins compiles sharded programs for this plugin with GSPMD")
+    options = CompileOptions(num_partitions=count, use_spmd_partitioning=True, use_shardy_partitioner=True)
+    executable = client.compile(SHARDY_PROBE_PROGRAM.format(n=count, length=2 * count).encode(), options)
+    x = np.arange(2 * count, dtype=np.float32)
+    devices = executable.addressable_devices
+    outputs = executable.execute([[client.buffer_from_host(x[2 * i : 2 * i + 2], d)] for i, d in enumerate(devices)])
+    for i, (out,) in enumerate(outputs):
+        if not np.array_equal(out.to_numpy(), 2 * x[2 * i : 2 * i + 2]):
+            raise Fail(f"partition {i} returned {out.to_numpy()}, expected {2 * x[2 * i : 2 * i + 2]}")
+    return f"{count} partitions, each shard correct: sharded programs get the Shardy partitioner"
 
 
 @check("client.close", "the client is destroyed cleanly", requires=("client.create",))

@@ -40,6 +40,7 @@ from ._host_arrays import HOST_ALIGNMENT, aligned_empty
 from ._kv import KeyValueStore
 from ._library import Library, load_library, loaded_libraries
 from ._memory import MemoryDescription, MemoryInfo
+from ._partitioner import SHARDY_PROBE_PROGRAM, shardy_refusal
 
 #: The PJRT C API versions this runtime talks to: (oldest, layout it follows).
 SUPPORTED_API_VERSIONS = ((0, MIN_SUPPORTED_MINOR), (0, HEADER_MINOR))
@@ -65,6 +66,7 @@ __all__ = [
     "PjrtError",
     "PluginInitializeTimeoutError",
     "PluginTimeoutError",
+    "SHARDY_PROBE_PROGRAM",
     "SUPPORTED_API_VERSIONS",
     "UnsupportedExtensionError",
     "UnsupportedFunctionError",
@@ -72,6 +74,7 @@ __all__ = [
     "load_library",
     "loaded_libraries",
     "new_args",
+    "shardy_refusal",
 ]
 
 

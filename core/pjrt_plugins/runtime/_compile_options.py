@@ -25,6 +25,7 @@ _BUILD_USE_SPMD_PARTITIONING = 6
 _BUILD_DEVICE_ASSIGNMENT = 9
 _BUILD_PROPAGATE_TO_OUTPUT = 12
 _BUILD_PROPAGATE_TO_PARAMETERS = 18
+_BUILD_USE_SHARDY_PARTITIONER = 19
 # DeviceAssignmentProto and its ComputationDevice
 _ASSIGNMENT_REPLICA_COUNT = 1
 _ASSIGNMENT_COMPUTATION_COUNT = 2
@@ -42,7 +43,8 @@ class CompileOptions:
     the client has. ``None`` lets the plugin choose (its default
     assignment). ``allow_spmd_sharding_propagation_to_output`` (and ``..._to_parameters``)
     lets the SPMD partitioner choose the outputs' (parameters') shardings: True for all, or
-    one flag per output (parameter). ``serialize()`` gives the ``xla.CompileOptionsProto``
+    one flag per output (parameter). ``use_shardy_partitioner`` partitions with Shardy (the program
+    carries ``sdy`` shardings) instead of GSPMD. ``serialize()`` gives the ``xla.CompileOptionsProto``
     bytes the plugin reads.
     """
 
@@ -53,6 +55,7 @@ class CompileOptions:
     compile_portable_executable: bool = False
     allow_spmd_sharding_propagation_to_output: bool | Sequence[bool] = False
     allow_spmd_sharding_propagation_to_parameters: bool | Sequence[bool] = False
+    use_shardy_partitioner: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_replicas", "num_partitions"):
@@ -116,6 +119,8 @@ class CompileOptions:
             flags = [True] if value is True else ([] if value is False else list(value))
             if flags:
                 build += packed_ints(number, [int(flag) for flag in flags])
+        if self.use_shardy_partitioner:
+            build += int_field(_BUILD_USE_SHARDY_PARTITIONER, 1)
         out = message_field(_COMPILE_EXECUTABLE_BUILD_OPTIONS, bytes(build))
         if self.compile_portable_executable:
             out += int_field(_COMPILE_PORTABLE_EXECUTABLE, 1)

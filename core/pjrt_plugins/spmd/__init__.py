@@ -64,7 +64,7 @@ from .frontend import engine as _engine
 from .sharding import OpSharding, Shard, ShardingType, parse_sharding, parse_tuple_sharding
 
 if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
-    from .execution import clear_compile_cache, set_cache_dir
+    from .execution import clear_compile_cache, get_partitioner, set_cache_dir, set_partitioner
     from .frontend._fallback import set_cpu_fallback
     from .trace import sync
     from .dtensor import (
@@ -109,6 +109,7 @@ __all__ = [
     "enable_manual_sharding",
     "get_1d_mesh",
     "get_global_mesh",
+    "get_partitioner",
     "init_device_mesh",
     "is_spmd",
     "mark_sharding",
@@ -120,6 +121,7 @@ __all__ = [
     "reset_metrics",
     "reset_transfer_counters",
     "set_cache_dir",
+    "set_partitioner",
     "set_cpu_fallback",
     "set_global_mesh",
     "set_plugin",
@@ -182,7 +184,9 @@ def virtual_device() -> VirtualDevice:
 
 #: Names the engine serves (through ``frontend._seam``, on first use, so that ``import pjrt_plugins.spmd``
 #: stays light: the engine loads jaxlib's MLIR bindings).
-_ENGINE_EXPORTS = frozenset({"sync", "set_cpu_fallback", "set_cache_dir", "clear_compile_cache"})
+_ENGINE_EXPORTS = frozenset({
+    "sync", "set_cpu_fallback", "set_cache_dir", "clear_compile_cache", "set_partitioner", "get_partitioner",
+})
 
 
 #: Names the DTensor bridge serves (``pjrt_plugins.spmd.dtensor``, on first use: it imports torch.distributed.tensor,

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..._plugin import DevicePlugin
 from ..._registry import default_plugin, get_plugin
-from ...errors import VirtualDeviceError
+from ...errors import PjrtPluginsError, VirtualDeviceError
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +226,15 @@ def virtual_device() -> VirtualDevice:
         return current
     with _state_lock:
         if _current is None:
-            _current = _create()
+            try:
+                _current = _create()
+            except PjrtPluginsError as error:  # no plugin, or one that cannot run here: say so at the first use
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note("(raised at the first use of the pjrt device, which creates its client; "
+                                   "choose the plugin with PJRT_DEVICE or pjrt_plugins.spmd.set_plugin, and see "
+                                   "`pjrt-plugins devices` for what this machine has)")
+                error._pjrt_no_device = True  # type: ignore[attr-defined]
+                raise
         return _current
 
 

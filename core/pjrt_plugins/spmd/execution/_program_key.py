@@ -20,6 +20,7 @@ from ...runtime import CompileOptions
 from ..devices import VirtualDevice
 from ..lowering import LoweringOptions, ScalarSlot, fetch_attr, op_name, sharding_string
 from ..sharding import OpSharding
+from ._partitioner import partitioner_for
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ def lowering_options(vd: VirtualDevice) -> LoweringOptions:
         rng_algorithm=plugin.rng_default(),
         target_version=version,
         matmul_precision=torch.get_float32_matmul_precision(),
+        partitioner=partitioner_for(vd) if len(vd.devices) > 1 else "gspmd",
     )
 
 
@@ -116,8 +118,9 @@ def program_key(graph: fx.Graph, options: LoweringOptions, identity: tuple, sign
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compile_options(num_partitions: int, device_assignment: Sequence[int]) -> CompileOptions:
-    """One replica, ``num_partitions`` partitions on ``device_assignment``, SPMD partitioning on.
+def compile_options(num_partitions: int, device_assignment: Sequence[int], shardy: bool = False) -> CompileOptions:
+    """One replica, ``num_partitions`` partitions on ``device_assignment``, SPMD partitioning on (with Shardy when
+    ``shardy``: the module carries ``sdy`` shardings).
 
     Outputs carry no sharding in the module, so ``allow_spmd_sharding_propagation_to_output``
     lets the partitioner choose their layouts (read back by :func:`read_output_shardings`).
@@ -128,4 +131,5 @@ def compile_options(num_partitions: int, device_assignment: Sequence[int]) -> Co
         use_spmd_partitioning=num_partitions > 1,
         device_assignment=[list(device_assignment)],
         allow_spmd_sharding_propagation_to_output=True,
+        use_shardy_partitioner=shardy and num_partitions > 1,
     )

@@ -185,7 +185,7 @@ def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: VirtualDev
     lowered = lower_graph(graph, options)
     t1 = time.perf_counter()
     count("lowering_seconds", t1 - t0)
-    compile_opts = compile_options(options.num_partitions, list(vd.device_assignment))
+    compile_opts = compile_options(options.num_partitions, list(vd.device_assignment), lowered.partitioner == "shardy")
     identity = plugin_identity(vd)
     stored = disk_cache.load_executable(vd.client, lowered.artifact, compile_opts, identity)
     if stored is not None:
@@ -195,8 +195,8 @@ def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: VirtualDev
     exe = vd.client.compile(lowered.artifact, compile_opts)
     count("compile_seconds", time.perf_counter() - t1)
     count("compiles")
-    logger.info("compiled a program of %d ops for %d devices in %.2f s", sum(lowered.ops.values()),
-                options.num_partitions, time.perf_counter() - t0)
+    logger.info("compiled a program of %d ops for %d devices (%s) in %.2f s", sum(lowered.ops.values()),
+                options.num_partitions, lowered.partitioner, time.perf_counter() - t0)
     program = _finish_program(key, lowered, exe, vd)
     disk_cache.store_executable(vd.client, lowered.artifact, compile_opts, identity, exe,
                                  [s.to_hlo() for s in program.output_shardings])

@@ -36,6 +36,7 @@ from ..trace import (
 )
 from ..transport import TensorData, TensorState
 from . import _fallback
+from ._write_dtypes import check_inplace, check_out
 from .tensor import XLAShardedTensor, wrap
 
 __all__ = ["dispatch", "record_into", "refresh_views"]
@@ -113,6 +114,10 @@ def _run_out_variant(func: Any, args: tuple, kwargs: dict, functional: Any) -> A
     written = {a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None
                and a.alias_info.is_write}
     rest = {k: v for k, v in kwargs.items() if k not in written}
+    out = kwargs.get("out")
+    if rest.get("dtype") is None and isinstance(out, torch.Tensor) and any(
+            a.name == "dtype" for a in func._schema.arguments):
+        rest["dtype"] = out.dtype  # torch.sum(x, out=o) computes in o's dtype, as with dtype=o.dtype
     result = dispatch(functional, (), args, rest)
     outs: list[Any] = []
     for name in (a.name for a in func._schema.arguments if a.name in written):
@@ -121,6 +126,7 @@ def _run_out_variant(func: Any, args: tuple, kwargs: dict, functional: Any) -> A
     results = list(result) if isinstance(result, (list, tuple)) else [result]
     if len(outs) != len(results):
         raise UnsupportedOpError(op_name(func), f"{op_name(func)}: {len(results)} results for {len(outs)} out= tensors")
+    check_out(func, args, kwargs, [r.dtype for r in results], [o.dtype for o in outs])  # before any write
     for target, value in zip(outs, results):
         _fallback.check_not_resized(func, target, value)
         if isinstance(target, XLAShardedTensor):
@@ -175,6 +181,8 @@ def _dispatch_inplace(info: OpInfo, args: tuple, kwargs: dict) -> Any:
         if result._pjrt_data.state is not _LAZY:  # computed by the CPU fallback: a graph value of it
             result = wrap(record(op_info(aten.clone.default), (result,), {}))
         value = result._pjrt_data.lazy
+    if value.spec[2] is not target.dtype:  # torch's casting rule (x /= 2 on ints), before the target changes
+        check_inplace(func, (value.spec[2],), (target.dtype,))
     _assign_result(info, target._pjrt_data, value, fresh=result is None)
     return target
 
@@ -222,6 +230,12 @@ def _record_and_assign(info: OpInfo, args: tuple, kwargs: dict, targets: Sequenc
     values = record_values(info, args, kwargs)
     if type(values) is LazyValue:  # an op with one result
         values = [values]
+    if written_by is not None:  # the user's op: torch's casting rule and the shapes, before any target changes
+        check_inplace(written_by.func, [v.spec[2] for v in values], [t.dtype for t in targets])
+        for target, value in zip(targets, values, strict=True):
+            if value.spec[1] != target._pjrt_data.shape:
+                raise RuntimeError(f"{written_by.name}: the result of shape {list(value.spec[1])} cannot be "
+                                   f"written into a tensor of shape {list(target._pjrt_data.shape)}")
     for target, value in zip(targets, values, strict=True):
         _assign_result(written_by or info, target._pjrt_data, value, fresh=True)
 

@@ -16,8 +16,8 @@ which ``__tensor_unflatten__`` turns back into pjrt tensors.
 A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic shapes after a size
 changed) becomes a region per concrete signature, made on the first call with it: the sizes are
 computed on meta tensors and written into a copy of the graph (:func:`_specialize`). A graph that does
-not lower whole (an operator without a lowering, a tensor constant that is not a number) runs op by op
-through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each call
+not lower whole (an operator without a lowering, a tensor constant of more than ``MAX_CONSTANT_ELEMENTS``)
+runs op by op through the engine instead: correct, at eager speed. Random ops (dropout) lower in a region: each call
 draws its keys of the device RNG stream, as eager ops do.
 """
 
@@ -117,8 +117,8 @@ def _region_runner(plan: _RegionPlan) -> Callable[[list[Any]], list[Any]]:
         out: list[Any] = [None] * plan.num_outputs
         for position, value in plan.constants.items():
             out[position] = value
-        for position, data, is_plain in zip(plan.positions, results, plan.plain):
-            out[position] = wrap(data) if is_plain else linked(data)
+        for position, data, is_plain, traced in zip(plan.positions, results, plan.plain, plan.outputs):
+            out[position] = wrap(data) if is_plain else linked(data, traced.storage_offset())
         return out
 
     return run
@@ -133,11 +133,12 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     refused = [d for d in devices if d not in (None, "meta", DEVICE_TYPE)]
     if refused:  # .cpu() inside: a CPU tensor, not a pjrt one
         raise NotImplementedError(f"a graph output is a tensor on {refused[0]}")
-    graph = fx.Graph()
+    constants = torch.nn.Module()  # owns the graph: holds the tensor constants its get_attr nodes read
+    graph = fx.Graph(owning_module=constants)  # type: ignore[arg-type]
     graph.output(graph.graph_copy(gm.graph, {}))  # graph_copy returns what the graph outputs
     for node in list(graph.nodes):
         if node.op == "get_attr":
-            _inline_constant(graph, node, getattr(gm, node.target))
+            _inline_constant(graph, node, getattr(gm, node.target), constants)
         elif "val" in node.meta:
             as_meta = functools.partial(_as_meta, what=node.name)
             node.meta["val"] = tree_map_only(torch.Tensor, as_meta, node.meta["val"])
@@ -161,20 +162,35 @@ def _region_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], devices: lis
     return _RegionPlan(expanded, inputs, outputs, positions, len(leaves), plain, constants)
 
 
-def _inline_constant(graph: fx.Graph, node: fx.Node, value: Any) -> None:
-    """A number the graph holds (``torch.tensor(2.5)`` in the compiled code, a 0-d CPU tensor that torch lifts
-    into a module attribute) as a ``full`` node: part of the program, uploaded never."""
-    # Only the constants dynamo lifts out of the code (``_tensor_constant<N>``): a module's own tensor could be
-    # changed in place between calls, and a value written into the program would not follow.
+#: The most elements a tensor constant of a graph may have to be written into its program (a lookup table the
+#: code builds with ``torch.tensor(list)``); a bigger one keeps the graph op by op.
+MAX_CONSTANT_ELEMENTS = 1 << 16
+
+
+def _inline_constant(graph: fx.Graph, node: fx.Node, value: Any, constants: torch.nn.Module) -> None:
+    """A tensor the graph holds as a constant (``torch.tensor(2.5)`` or ``torch.tensor([1, 2])`` in the compiled
+    code, which dynamo lifts into ``_tensor_constant<N>`` attributes) made part of the program, uploaded never:
+    a number or an empty tensor as a ``full`` node, other values as a StableHLO constant (the ``get_attr``
+    node stays, reading ``constants``, which owns the region's graph)."""
+    # Only the constants dynamo lifts out of the code: a module's own tensor could be changed in place between
+    # calls, and a value written into the program would not follow. Dynamo guards the Python values it made
+    # them from, so a new value is a new graph.
     if not (str(node.target).startswith("_tensor_constant") and isinstance(value, torch.Tensor)
-            and value.dim() == 0 and value.device.type == "cpu"):
-        raise NotImplementedError(f"graphs holding a constant that is not a number ({node.target}) are not regions yet")
+            and value.device.type == "cpu" and not value.dtype.is_complex
+            and value.numel() <= MAX_CONSTANT_ELEMENTS):
+        raise NotImplementedError(f"graphs holding a tensor constant other than a small CPU tensor ({node.target}) "
+                                  "are not regions yet")
     with unset_fake_temporarily():  # the backend runs under dynamo's fake mode; the constant is real
-        number = value.item()
+        if value.dim() == 0 or value.numel() == 0:
+            fill: Any = value.item() if value.numel() else 0
+        else:
+            setattr(constants, str(node.target), value.detach().clone())
+            node.meta["val"] = torch.empty(value.shape, dtype=value.dtype, device=_META)
+            return
     with graph.inserting_before(node):
-        full = graph.call_function(torch.ops.aten.full.default, ((), number),
+        full = graph.call_function(torch.ops.aten.full.default, (list(value.shape), fill),
                                    {"dtype": value.dtype, "device": _META})
-    full.meta["val"] = torch.empty((), dtype=value.dtype, device=_META)
+    full.meta["val"] = torch.empty(value.shape, dtype=value.dtype, device=_META)
     node.replace_all_uses_with(full)
     graph.erase_node(node)
 
@@ -300,6 +316,31 @@ def _output_devices(gm: fx.GraphModule) -> list[str | None]:
     return devices
 
 
+def _output_offsets(gm: fx.GraphModule) -> Callable[[Sequence[Any]], list[int]]:
+    """The storage offset torch traced for each output of ``gm`` (0 for what is not a tensor), as a function of
+    a call's arguments (an offset may depend on a dynamic size: ``x[n // 2:]``). Why: AOTAutograd makes an output
+    that is a view of an input (``x[1]``) again from that input with ``as_strided`` and the layout the compiled
+    function reports for it, so the results must report the traced offset (see ``outer_of``)."""
+    offsets: list[Any] = []
+    for leaf in _output_leaves(gm.graph)[1]:
+        value = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
+        offsets.append(value.storage_offset() if isinstance(value, torch.Tensor) else 0)
+    if all(isinstance(o, int) for o in offsets):
+        return lambda args: offsets
+    placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+    def concrete(args: Sequence[Any]) -> list[int]:
+        sizes: dict[Any, int] = {}  # each symbol of a traced size or integer argument: its value in this call
+        for traced, a in zip(placeholders, args):
+            pairs = zip(traced.shape, a.shape) if isinstance(traced, torch.Tensor) else [(traced, a)]
+            for t, n in pairs:
+                if isinstance(t, torch.SymInt):
+                    sizes[t.node.expr] = n
+        return [o if isinstance(o, int) else int(o.node.expr.xreplace(sizes)) for o in offsets]
+
+    return concrete
+
+
 def _output_leaves(graph: fx.Graph) -> tuple[fx.Node, list[Any]]:
     """The output node of an AOTAutograd graph and what it returns, one entry per output."""
     output = next(n for n in graph.nodes if n.op == "output")
@@ -313,7 +354,9 @@ def _as_meta(value: Any, what: str) -> torch.Tensor:
                                   "regions yet)")
     if any(not isinstance(s, int) for s in value.shape):
         raise NotImplementedError(f"{what} has a dynamic shape, which regions do not have yet")
-    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    offset = value.storage_offset()
+    return meta if offset == 0 else meta.as_strided(value.shape, value.stride(), offset)
 
 
 def _data_of(x: Any) -> Any:
@@ -342,6 +385,7 @@ def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
     """``gm`` run by the engine op by op (a graph that is not a region); what was traced on the meta device
     (the inner tensors) is made on pjrt."""
     devices = _output_devices(gm)
+    offsets = _output_offsets(gm)
     for node in gm.graph.nodes:
         if node.kwargs.get("device") == _META:
             node.kwargs = {**node.kwargs, "device": TORCH_DEVICE}
@@ -349,10 +393,12 @@ def _run_op_by_op(gm: fx.GraphModule) -> Callable[..., Any]:
 
     def run(args: list[Any]) -> list[Any]:
         tensors = [_pjrt_tensor(a) for a in args]
+        traced_offsets = offsets(args)
         args.clear()
         with torch.no_grad():
             results = gm(*tensors)
-        return [linked(r._pjrt_data) if device == "meta" else r for r, device in zip(results, devices)]
+        return [linked(r._pjrt_data, offset) if device == "meta" else r
+                for r, device, offset in zip(results, devices, traced_offsets)]
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -7,7 +7,7 @@ tensor class with the trace, so that recorded ops read pjrt tensors by their dat
 
 from __future__ import annotations
 
-from ..execution import clear_compile_cache, set_cache_dir
+from ..execution import clear_compile_cache, get_partitioner, set_cache_dir, set_partitioner
 from ..trace import (
     add_step_closure,
     in_manual_region,
@@ -31,6 +31,7 @@ __all__ = [
     "cpu_fallback_enabled",
     "dispatch",
     "fused_step",
+    "get_partitioner",
     "in_manual_region",
     "last_run_timings",
     "lower_pending",
@@ -41,6 +42,7 @@ __all__ = [
     "refresh_views",
     "set_cache_dir",
     "set_cpu_fallback",
+    "set_partitioner",
     "sync",
     "wait_async_closures",
 ]

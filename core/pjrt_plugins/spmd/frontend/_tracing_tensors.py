@@ -25,13 +25,18 @@ from ..sharding import Mesh as PureMesh
 from ..transport import TensorData
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE
 
-__all__ = ["IN_GRAPH", "configure_dynamo", "inner_of", "is_tracing", "linked", "outer_of", "trace_dispatch",
-           "trace_through", "tracing_tensors_alive"]
+__all__ = ["EMPTY_STORAGE_BYTES", "IN_GRAPH", "configure_dynamo", "inner_of", "is_tracing", "linked", "outer_of",
+           "trace_dispatch", "trace_through", "tracing_tensors_alive"]
 
 _META = torch.device("meta")
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: The one module of this package dynamo traces (the sharding functions users call in compiled code).
 TRACEABLE_MODULE = f"{__package__}._traceable"
+
+#: The storage a pjrt tensor with no elements reports, in bytes. Why not 0: torch.compile's fake copy of a tensor
+#: whose storage has no bytes resizes its own, which torch asks the device's hooks to do, and torch's Python hooks
+#: for PrivateUse1 cannot (``resizePrivateUse1Bytes``: an internal error of dynamo for a zero-size input).
+EMPTY_STORAGE_BYTES = 1
 
 #: One entry per tracing tensor that is alive: while any, each op checks its arguments for them.
 tracing_tensors_alive: list[None] = []
@@ -104,9 +109,10 @@ def inner_of(t: Any) -> torch.Tensor:
 
 
 def _check_view_layout(t: Any, data: TensorData) -> None:
-    """Refuse a view whose torch layout is not contiguous (``x[:, :n]``): a pjrt tensor reports contiguous
-    strides, and dynamo, which rebuilds a view input from its base, fails on the difference with an
-    internal error. Raised here, where dynamo first looks inside the tensor, the message says what to do."""
+    """Refuse a view whose torch layout is not contiguous from offset 0 (``x[:, :n]``, ``x[1:]``): a pjrt tensor
+    reports contiguous strides and no storage offset, and dynamo, which rebuilds a view input from its base,
+    fails on the difference with an internal error. Raised here, where dynamo first looks inside the tensor,
+    the message says what to do."""
     if data.view_of is None or not t._is_view() or TracingContext.try_get() is None:
         return  # only while dynamo traces: AOTAutograd's run time flattens views too (an expanded gradient)
     root_ref, chain = data.view_of
@@ -119,17 +125,21 @@ def _check_view_layout(t: Any, data: TensorData) -> None:
             layout = op(layout, *args)
     except Exception:  # noqa: BLE001 - a chain that does not replay on meta: leave it to dynamo
         return
-    if not layout.is_contiguous():
+    if not layout.is_contiguous() or layout.storage_offset() != 0:
         raise NotImplementedError(
             f"torch.compile on pjrt: an input is a view of another pjrt tensor ({tuple(t.shape)} of "
-            f"{tuple(root.shape)}, strides {layout.stride()} in torch's layout) that pjrt reports as contiguous; "
-            "pass a copy (x[:, :n].clone()) or take the view inside the compiled function")
+            f"{tuple(root.shape)}, strides {layout.stride()} and storage offset {layout.storage_offset()} in "
+            "torch's layout) that pjrt reports as contiguous from offset 0; pass a copy (x[1:].clone()) or pass "
+            "the whole tensor and take the view inside the compiled function")
 
 
-def linked(data: TensorData) -> torch.Tensor:
-    """A meta tensor standing for ``data`` where torch.compile expects an inner tensor."""
+def linked(data: TensorData, storage_offset: int = 0) -> torch.Tensor:
+    """A meta tensor standing for ``data`` where torch.compile expects an inner tensor. ``storage_offset``: the
+    one torch traced for it (a compiled function's output that is a view of an input, see :func:`outer_of`)."""
     inner = torch.empty(data.shape, dtype=data.dtype, device=_META)
     inner._pjrt_linked = data  # type: ignore[attr-defined]
+    if storage_offset:
+        inner._pjrt_storage_offset = storage_offset  # type: ignore[attr-defined]
     return inner
 
 
@@ -145,8 +155,11 @@ def outer_of(cls: type, inner: torch.Tensor, outer_size: Any, outer_stride: Any)
         raise RuntimeError(
             "pjrt tensors run under torch.compile only with backend=\"pjrt\" (or \"eager\"): another backend "
             "computed on the meta tensors that stand for them, which hold no values")
-    t: Any = torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=inner.dtype,
-                                            device=TORCH_DEVICE,
+    offset = getattr(inner, "_pjrt_storage_offset", 0) if data is not None else inner.storage_offset()
+    empty = data is not None and 0 in data.shape
+    t: Any = torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, storage_offset=offset,
+                                            dtype=inner.dtype, device=TORCH_DEVICE,
+                                            storage_size=EMPTY_STORAGE_BYTES if empty else None,
                                             requires_grad=inner.requires_grad if data is None else False)
     t._pjrt_data = data
     if data is not None:
@@ -183,14 +196,52 @@ def trace_dispatch(cls: type, func: Any, args: tuple, kwargs: dict) -> Any:
                                "every pjrt tensor the compiled function uses as an argument or module attribute")
         return x.__dict__["_pjrt_inner_tensor"]  # type: ignore[no-any-return]
 
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (plain pjrt tensor, its meta copy)
+
     def on_meta(x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, cls):
             return inner(x)
+        if x.device.type != DEVICE_TYPE:
+            return x
         # A factory's tensor (torch.arange(n, device=x.device)), traced as a plain tensor on pjrt: the inner
         # tensors live on the meta device (the lowering ignores devices).
-        return x.to(_META) if x.device.type == DEVICE_TYPE else x
+        copy = x.to(_META)
+        copies.append((x, copy))
+        return copy
 
-    out = func(*tree_map_only(torch.Tensor, on_meta, args), **tree_map_only(torch.Tensor, on_meta, kwargs))
+    try:
+        meta_args, meta_kwargs = tree_map_only(torch.Tensor, on_meta, args), tree_map_only(torch.Tensor, on_meta, kwargs)
+        out = func(*meta_args, **meta_kwargs)
+    except RuntimeError as exc:
+        if "meta and cpu" not in str(exc) and "cpu and meta" not in str(exc):
+            raise
+        # The inner tensors are on the meta device: torch's message would name it instead of pjrt.
+        shapes = [tuple(a.shape) for a in pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {TORCH_DEVICE} and "
+            f"cpu! torch.compile on pjrt: {func} mixes pjrt tensors with a CPU tensor of shape "
+            f"{shapes[0] if shapes else '?'}; move it to the pjrt device before the call (t.to(\"pjrt\")), or make "
+            "it inside the compiled function with device=x.device") from None
+    if copies:
+        # An in-place op on a factory's tensor (a static KV cache: torch.zeros(..., device=x.device), then
+        # index_copy_ of traced values into it) wrote into its meta copy: write the copy back, or the traced
+        # graph would keep the factory's values and drop the write.
+        written = _written_tensors(func, args, kwargs)
+        for plain, copy in copies:
+            if any(plain is w for w in written):
+                plain.copy_(copy)
     wrapped = tree_map_only(torch.Tensor, lambda o: outer_of(cls, o, o.shape, o.stride()) if o.device == _META else o,
                             out)
     return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+def _written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors ``func`` writes into (``self`` of an in-place op, ``out=``), by its schema."""
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
+        written.extend(v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+    return written

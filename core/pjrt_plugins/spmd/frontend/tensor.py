@@ -25,13 +25,15 @@ from ..sharding import Mesh, OpSharding, ShardingType
 from ..transport import TensorData, TensorState, download_shard, gather, host_empty, upload, upload_shards
 from . import _seam
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
-from ._tracing_tensors import inner_of, is_tracing, outer_of, trace_dispatch, tracing_tensors_alive
+from ._hooks import guard_hook, hook_errors_raised
+from ._tracing_tensors import EMPTY_STORAGE_BYTES, inner_of, is_tracing, outer_of, trace_dispatch, tracing_tensors_alive
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["XLAShard", "XLAShardedTensor", "copy_into", "describe", "materialize", "to_cpu", "unwrap", "wrap"]
 
 aten = torch.ops.aten
+_META = torch.device("meta")
 
 
 @dataclass
@@ -91,6 +93,17 @@ class XLAShardedTensor(torch.Tensor):
     _pjrt_data: TensorData
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    # Hooks run guarded, and backward() raises their errors (see _hooks: an error would abort the process).
+    def register_hook(self, hook: Any) -> Any:
+        return super().register_hook(guard_hook(hook))
+
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        return super().register_post_accumulate_grad_hook(guard_hook(hook))
+
+    def backward(self, *args: Any, **kwargs: Any) -> None:
+        with hook_errors_raised():
+            super().backward(*args, **kwargs)
 
     @staticmethod
     def __new__(cls, elem: Any, mesh_shape: Sequence[int] | None = None, partition_spec: Sequence[Any] | None = None,
@@ -254,6 +267,8 @@ class XLAShardedTensor(torch.Tensor):
         data = self._pjrt_data
         if data is None:
             return f"XLAShardedTensor(<traced by torch.compile>, size={tuple(self.shape)}, dtype={self.dtype})"
+        if torch._C._len_torch_dispatch_stack() > 0:  # dynamo formats errors under its fake mode: no download
+            return f"XLAShardedTensor(<pjrt values>, size={tuple(self.shape)}, dtype={self.dtype})"
         materialize([data])
         if data.state is TensorState.DEVICE and data.sharding is not None and data.sharding.is_manual:
             # A value of a manual-sharding region: one per device, no global value to show.
@@ -342,6 +357,10 @@ class XLAShardedTensor(torch.Tensor):
                     return result
             return _route_to_engine(func, types, args, kwargs)
         except BaseException as error:
+            if getattr(error, "_pjrt_no_device", False) and torch._C._current_graph_task_id() == -1:
+                # No pjrt device (PJRT_DEVICE=garbage, no GPU): the devices layer's one-line error, without the
+                # engine's frames between the user's op and the device's creation.
+                raise error.with_traceback(None) from None
             if torch._C._current_graph_task_id() == -1:
                 raise
             if not getattr(error, "_pjrt_op_noted", False) and hasattr(error, "add_note"):  # Python 3.11+
@@ -409,8 +428,12 @@ def wrap(data: TensorData, requires_grad: bool = False, cls: type | None = None)
     Every traced op makes one. No strides given: torch makes the contiguous ones (in C, cheaper than passing
     them), which is what a pjrt tensor reports.
     """
-    r: Any = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
-                      requires_grad=requires_grad)
+    if 0 in data.shape:  # see EMPTY_STORAGE_BYTES
+        r: Any = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
+                               requires_grad=requires_grad, storage_size=EMPTY_STORAGE_BYTES)
+    else:
+        r = _make_wrapper(cls or XLAShardedTensor, data.shape, dtype=data.dtype, device=TORCH_DEVICE,
+                          requires_grad=requires_grad)
     r._pjrt_data = data
     return r
 
@@ -520,7 +543,19 @@ def _fused_optimizer_step(func: Any, args: tuple, kwargs: dict) -> Any:
 
 @_handles(aten.lift_fresh.default)
 def _lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
-    return args[0]  # torch.tensor(..., device="pjrt") marks its fresh result; nothing to do
+    """``torch.tensor(data, device="pjrt")`` marks its fresh result; nothing to do, except while torch.compile traces.
+
+    torch builds that tensor in C++ with the Python key off, so our factory kernels make a real pjrt tensor
+    holding the values on the host even under dynamo's fake mode. There it becomes a tracing tensor whose
+    inner tensor is the fake mode's constant of those values moved to the meta device: the graph holds the
+    values as a constant and computes with them like any other traced tensor.
+    """
+    data = unwrap(args[0])
+    if data.state is TensorState.HOST and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE):
+        assert data.host is not None
+        inner = aten._to_copy.default(aten.lift_fresh_copy.default(data.host), device=_META)
+        return outer_of(type(args[0]), inner, inner.shape, inner.stride())
+    return args[0]
 
 
 @_handles(aten._to_copy.default)

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ._emitter import Emitter, TensorValue
-from ._module import annotate_sharding
 from ._table import REBINDING_OPS, lowers
 
 __all__ = ["OPTIMIZATION_BARRIER", "SHARDING_CONSTRAINT", "SHARDING_HINT", "SHARD_ALIKE"]
@@ -93,7 +94,7 @@ torch.library.register_autograd("pjrt::optimization_barrier", _pass_gradient_lis
 def _lower_sharding_constraint(em: Emitter, out: torch.Tensor, x: TensorValue, sharding: str) -> TensorValue:
     if em.options.num_partitions == 1:
         return x
-    return annotate_sharding(x, sharding)
+    return em.constrain(x, sharding)
 
 
 @lowers(SHARDING_HINT)
@@ -109,8 +110,20 @@ def _lower_shard_alike(em: Emitter, out: tuple, x: TensorValue, y: TensorValue) 
         return x, y
     group = em.shard_groups
     em.shard_groups += 1
+    if em.sdy_plan is not None:  # Shardy: both values in one sdy.sharding_group
+        for v in (x, y):
+            sdy.ShardingGroupOp(v.value, group)
+        return x, y
     spec = f"{{unknown shard_as {group}}}"
-    return annotate_sharding(x, spec, side_effect=True), annotate_sharding(y, spec, side_effect=True)
+    return _shard_group_member(x, spec), _shard_group_member(y, spec)
+
+
+def _shard_group_member(x: TensorValue, spec: str) -> TensorValue:
+    """GSPMD's form of a shard group: a ``@Sharding`` custom call with the group, kept although its result may
+    look unused."""
+    op = hlo.CustomCallOp([x.value.type], [x.value], "Sharding", has_side_effect=True)
+    op.attributes["mhlo.sharding"] = ir.StringAttr.get(spec)
+    return TensorValue(op.results[0], x.shape, x.dtype)
 
 
 @lowers(OPTIMIZATION_BARRIER)

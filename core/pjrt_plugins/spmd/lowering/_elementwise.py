@@ -248,11 +248,24 @@ for _op, _function in {
     aten.acosh.default: chlo.acosh,
     aten.atanh.default: chlo.atanh,
     aten.lgamma.default: chlo.lgamma,
+}.items():
+    pointwise(_op)(_unary(_function))
+
+
+def _rounding(function: Any) -> Any:
+    """ceil, floor, round: torch keeps an integer tensor as it is (same dtype), and rounds floats."""
+    def lower(em: Emitter, out: torch.Tensor, x: TensorValue) -> TensorValue:
+        return x if not x.dtype.is_floating_point else em.unary(function, x)
+
+    return lower
+
+
+for _op, _function in {
     aten.ceil.default: hlo.ceil,
     aten.floor.default: hlo.floor,
     aten.round.default: hlo.round_nearest_even,
 }.items():
-    pointwise(_op)(_unary(_function))
+    lowers(_op)(_rounding(_function))
 
 
 def _log_base(base: float) -> Any:

@@ -16,7 +16,9 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import LoweringError
+from ..sharding import OpSharding, SdyPlan
 from ._mlir import is_unsigned, padding_attr, splat_attr, tensor_type
+from ._sdy import constrain
 
 RNG_ALGORITHMS = {"default": "DEFAULT", "three_fry": "THREE_FRY", "philox": "PHILOX"}
 #: torch.get_float32_matmul_precision() -> the StableHLO precision of matrix products and
@@ -33,6 +35,8 @@ class LoweringOptions:
     ``target_version``: the StableHLO version of the portable artifact (None = jaxlib's own).
     ``matmul_precision``: torch's float32 matmul precision (``torch.get_float32_matmul_precision()``);
     ``"highest"``, torch's default, keeps GPUs from computing float32 products in TF32.
+    ``partitioner``: the sharding annotations to emit, ``"shardy"`` (``sdy``) or ``"gspmd"`` (``mhlo.sharding``);
+    a program whose shardings Shardy cannot express keeps GSPMD's (``LoweredModule.partitioner`` says which).
     """
 
     num_partitions: int = 1
@@ -40,8 +44,11 @@ class LoweringOptions:
     rng_algorithm: str = "default"
     target_version: str | None = None
     matmul_precision: str = "highest"
+    partitioner: str = "gspmd"
 
     def __post_init__(self) -> None:
+        if self.partitioner not in ("shardy", "gspmd"):
+            raise ValueError(f"unknown partitioner {self.partitioner!r}; use 'shardy' or 'gspmd'")
         if self.rng_algorithm not in RNG_ALGORITHMS:
             raise ValueError(f"unknown RNG algorithm {self.rng_algorithm!r}; use one of {sorted(RNG_ALGORITHMS)}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
@@ -121,6 +128,15 @@ class Emitter:
         self._products: dict[ir.Value, tuple[TensorValue, TensorValue, int, int]] = {}
         #: Shard groups (``{unknown shard_as N}``) numbered so far in this module.
         self.shard_groups = 0
+        #: The program's Shardy plan (its mesh and shardings), or None for GSPMD annotations.
+        self.sdy_plan: SdyPlan | None = None
+        #: Reshapes that merged a tensor's leading dimensions into one, by result: the tensor before the merge.
+        #: torch's matmul of 4-D tensors views them as 3-D for bmm; see :meth:`batched_matmul`.
+        self._merged: dict[ir.Value, TensorValue] = {}
+
+    def constrain(self, x: TensorValue, spec: OpSharding | str) -> TensorValue:
+        """``x`` pinned to the sharding ``spec`` (in the program's annotation kind)."""
+        return TensorValue(constrain(self.sdy_plan, x.value, spec), x.shape, x.dtype)
 
     # -- values -------------------------------------------------------------------
 
@@ -196,12 +212,47 @@ class Emitter:
             return x
         if math.prod(shape) != x.numel:
             raise LoweringError(f"cannot reshape {x.shape} to {shape}")
-        return TensorValue(hlo.reshape(tensor_type(shape, x.dtype), x.value), shape, x.dtype)
+        before = self._merged.get(x.value)
+        if before is not None and before.shape == shape:
+            return before  # undoes a merge of leading dimensions
+        y = TensorValue(hlo.reshape(tensor_type(shape, x.dtype), x.value), shape, x.dtype)
+        lead = x.rank - len(shape) + 1
+        if lead >= 2 and shape[1:] == x.shape[lead:]:
+            self._merged[y.value] = x
+        return y
+
+    def batched_matmul(self, a: TensorValue, b: TensorValue) -> TensorValue:
+        """``a @ b`` for ``(batch, m, k)`` and ``(batch, k, n)`` operands.
+
+        When both are merges of the same leading dimensions (torch's matmul of ``(b, h, t, d)``
+        tensors reshapes them to ``(b*h, t, d)`` for bmm), one dot_general keeps those dimensions
+        as batch dimensions: a partitioner can keep them split on different mesh axes (batch on
+        one, heads on another), which no sharding of the merged dimension expresses. The merged
+        result's reshape back to them is then no op at all.
+        """
+        lhs, rhs = self._merged.get(a.value), self._merged.get(b.value)
+        if lhs is not None and rhs is not None and lhs.rank == rhs.rank and lhs.shape[:-2] == rhs.shape[:-2]:
+            lead = list(range(lhs.rank - 2))
+            product = self.dot_general(lhs, rhs, ((lhs.rank - 1,), (rhs.rank - 2,)), (lead, lead))
+            return self.reshape(product, (a.shape[0], a.shape[1], b.shape[2]))
+        return self.dot_general(a, b, ((2,), (1,)), ((0,), (0,)))
+
+    def erase_unused_merges(self) -> None:
+        """Erase the merging reshapes :meth:`batched_matmul` left without users (call once the body is built)."""
+        for value in reversed(list(self._merged)):
+            if next(iter(value.uses), None) is None:
+                value.owner.erase()
+        self._merged.clear()
 
     def transpose(self, x: TensorValue, perm: Sequence[int]) -> TensorValue:
         perm = [int(p) for p in perm]
         if perm == list(range(x.rank)):
             return x
+        before = self._merged.get(x.value)
+        if before is not None and perm[0] == 0:  # transpose the unmerged tensor, keeping its leading dimensions
+            lead = before.rank - x.rank + 1
+            inner = list(range(lead)) + [lead - 1 + p for p in perm[1:]]
+            return self.reshape(self.transpose(before, inner), tuple(x.shape[p] for p in perm))
         product = self._products.get(x.value) if perm == [1, 0] else None
         if product is not None:
             # (a @ b)^T = b^T @ a^T: swapping the operands avoids materializing a transposed copy

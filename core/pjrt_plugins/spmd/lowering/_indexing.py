@@ -113,9 +113,7 @@ def _replicated_if_uneven(em: Emitter, v: TensorValue) -> TensorValue:
     n = em.options.num_partitions
     if n <= 1 or all(size % n == 0 for size in v.shape):
         return v
-    op = hlo.CustomCallOp([v.value.type], [v.value], "Sharding")
-    op.attributes["mhlo.sharding"] = ir.StringAttr.get("{replicated}")
-    return TensorValue(op.results[0], v.shape, v.dtype)
+    return em.constrain(v, "{replicated}")
 
 
 def _scatter_op(em: Emitter, x: TensorValue, starts: TensorValue, updates: TensorValue, dnums: Any) -> Any:

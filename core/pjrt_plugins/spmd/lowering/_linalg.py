@@ -21,7 +21,7 @@ aten = torch.ops.aten
 def _product(em: Emitter, a: TensorValue, b: TensorValue) -> TensorValue:
     """a @ b for 1-D/2-D/3-D operands with one leading batch dimension at most."""
     if a.rank == 3 and b.rank == 3:
-        return em.dot_general(a, b, ((2,), (1,)), ((0,), (0,)))
+        return em.batched_matmul(a, b)
     return em.dot_general(a, b, ((a.rank - 1,), (0,)))
 
 

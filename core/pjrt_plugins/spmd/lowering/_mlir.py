@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-from jaxlib.mlir.dialects import chlo, stablehlo
+from jaxlib.mlir.dialects import chlo, sdy, stablehlo
 
 from ...errors import LoweringError
 
@@ -26,7 +26,7 @@ _passes_lock = threading.Lock()
 
 
 def make_context() -> ir.Context:
-    """A fresh MLIR context with func, StableHLO and CHLO loaded (one lowering uses one context)."""
+    """A fresh MLIR context with func, StableHLO, CHLO and Shardy loaded (one lowering uses one context)."""
     global _passes_registered
     ctx = ir.Context()
     registry = ir.DialectRegistry()
@@ -35,6 +35,7 @@ def make_context() -> ir.Context:
     ctx.load_all_available_dialects()
     stablehlo.register_dialect(ctx)
     chlo.register_dialect(ctx)
+    sdy.register_dialect(ctx)
     with _passes_lock:
         if not _passes_registered:
             stablehlo.register_stablehlo_passes()

@@ -1,11 +1,13 @@
 """Turn a torch.fx Graph of ATen ops into one StableHLO module and its portable artifact.
 
-Inputs carry ``mhlo.sharding`` argument attributes, marked intermediates a ``@Sharding``
-custom call; outputs carry none, so the SPMD partitioner chooses them. Never compiles.
+Inputs carry sharding argument attributes and marked intermediates a sharding constraint: Shardy's
+(``sdy.sharding``, ``sdy.sharding_constraint`` on one ``sdy.mesh``) or GSPMD's (``mhlo.sharding``, a
+``@Sharding`` custom call), see ``_sdy``. Outputs carry none, so the partitioner chooses them. Never compiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from collections.abc import Callable
@@ -21,12 +23,17 @@ from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
 from ..sharding import OpSharding
+from ._collectives import COLLECTIVES, FULL_TO_SHARD, SHARD_TO_FULL
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
+from ._sdy import ShardyUnavailable, add_mesh, argument_attrs, plan_program
 from ._table import LOWERINGS, RANDOM_OPS, REBINDING_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
+
+#: Ops of manual-sharding regions: their lowerings write GSPMD's annotations, so such programs keep GSPMD.
+_MANUAL_OPS = frozenset({FULL_TO_SHARD, SHARD_TO_FULL, *COLLECTIVES})
 
 #: Dtype of the RNG keys: ``uint64[n, 2]``, one row (a ``rng_bit_generator`` state) per random op.
 RNG_KEY_DTYPE = torch.uint64
@@ -58,6 +65,8 @@ class LoweredModule:
     rng_keys: int = 0
     #: Position of the float64 run-time scalar argument among the inputs, or None.
     scalars_input: int | None = None
+    #: The annotations the module carries: ``"shardy"`` (compile with the Shardy partitioner) or ``"gspmd"``.
+    partitioner: str = "gspmd"
     ops: dict[str, int] = field(default_factory=dict)
 
 
@@ -92,8 +101,17 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
     """Lower ``graph`` (placeholders = inputs, output = results) to a StableHLO module.
 
     Raises :class:`UnsupportedOpError` naming the first operator with neither a lowering
-    nor a torch decomposition, and :class:`LoweringError` for inconsistent graphs.
+    nor a torch decomposition, and :class:`LoweringError` for inconsistent graphs. A Shardy
+    lowering that meets a sharding Shardy cannot express is done again for GSPMD (logged).
     """
+    try:
+        return _lower_graph(graph, options)
+    except ShardyUnavailable as exc:
+        logger.info("this program keeps GSPMD shardings: %s", exc)
+        return _lower_graph(graph, dataclasses.replace(options, partitioner="gspmd"))
+
+
+def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
     graph = expand_graph(graph)
     version = target_version(options.target_version)
     partitioned = options.num_partitions > 1
@@ -127,17 +145,27 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             if not isinstance(leaf, fx.Node):
                 raise LoweringError(f"graph outputs must be tensors, got {type(leaf).__name__}")
 
+        plan = None
+        manual = next((n for n in graph.nodes if n.op == "call_function" and n.target in _MANUAL_OPS), None)
+        if partitioned and options.partitioner == "shardy" and manual is not None:
+            logger.info("this program keeps GSPMD shardings: it has a manual-sharding region (%s)",
+                        op_name(manual.target))
+        elif partitioned and options.partitioner == "shardy":
+            plan = plan_program(_program_shardings(graph, shardings, arg_types), options.num_partitions,
+                                _user_meshes(graph))
         with ir.InsertionPoint(module.body):
             # Result types are known only after the body is built; start with none and fix up.
             fn = func.FuncOp("main", ir.FunctionType.get(arg_types, []))
             fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
             if partitioned:
-                fn.arg_attrs = ir.ArrayAttr.get(
-                    [ir.DictAttr.get({"mhlo.sharding": ir.StringAttr.get(s or "{replicated}")}) for s in shardings]
-                )
+                ranks = [len(ir.RankedTensorType(t).shape) for t in arg_types]
+                fn.arg_attrs = argument_attrs(plan, [s or "{replicated}" for s in shardings], ranks)
             block = fn.body.blocks.append(*arg_types)
+        if plan is not None:
+            add_mesh(module, plan)
         keys_arg = len(placeholders) if uses_rng else key_table
         em = Emitter(options)
+        em.sdy_plan = plan
         if keys_arg is not None:
             keys = block.arguments[keys_arg]
             em.rng_keys = TensorValue(keys, tuple(ir.RankedTensorType(keys.type).shape), RNG_KEY_DTYPE)
@@ -161,6 +189,7 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
                 if not isinstance(r, TensorValue):
                     raise LoweringError(f"graph output {leaf.name!r} is not a single tensor")
             func.ReturnOp([r.value for r in results])
+        em.erase_unused_merges()
         fn.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get(arg_types, [r.value.type for r in results])
         )
@@ -168,7 +197,10 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         if not module.operation.verify():
             raise LoweringError("internal: the lowered module does not verify")
         text = str(module)
-        artifact = hlo.serialize_portable_artifact(module, version)
+        # Shardy's mesh and shardings are no StableHLO: the artifact carries them as they are.
+        artifact = hlo.serialize_portable_artifact(module, version, allow_other_dialects=plan is not None)
+    if plan is not None and "mhlo.sharding" in text:  # a lowering wrote GSPMD annotations of its own
+        raise ShardyUnavailable("a lowering annotated a value with mhlo.sharding")
     logger.debug("lowered %d ops to StableHLO %s (%d bytes)", sum(counts.values()), version, len(artifact))
     return LoweredModule(
         text=text,
@@ -183,7 +215,33 @@ def lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         rng_keys=len(rng_rows) if uses_rng else 0,
         ops=counts,
         scalars_input=scalars_input,
+        partitioner="shardy" if plan is not None else "gspmd",
     )
+
+
+def _program_shardings(graph: fx.Graph, arguments: list[str | None],
+                       arg_types: list[ir.RankedTensorType]) -> list[tuple[Any, tuple[int, ...] | None]]:
+    """Every sharding the module will name, with the shape it splits: its arguments', its constraints' and the
+    replicated pins of lowerings."""
+    found: list[tuple[Any, tuple[int, ...] | None]] = [
+        (s, tuple(ir.RankedTensorType(t).shape)) for s, t in zip(arguments, arg_types) if s is not None]
+    for n in graph.nodes:
+        if n.op != "placeholder" and n.meta.get("sharding") is not None:
+            val = node_value_meta(n)
+            found.append((n.meta["sharding"], tuple(val.shape) if isinstance(val, torch.Tensor) else None))
+    found.append(("{replicated}", None))
+    return found
+
+
+def _user_meshes(graph: fx.Graph) -> list[tuple[Any, Any, Any]]:
+    """The meshes the inputs were marked on (``meta["mesh"]``: ``(mesh_shape, axis_names, device_ids)``), so the
+    Shardy mesh keeps the user's axis names."""
+    meshes: list[tuple[Any, Any, Any]] = []
+    for n in graph.nodes:
+        mesh = n.meta.get("mesh")
+        if mesh is not None and mesh not in meshes:
+            meshes.append(mesh)
+    return meshes
 
 
 def _rng_rows(graph: fx.Graph, traced: bool) -> dict[fx.Node, int]:
@@ -288,7 +346,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
         return empty
     try:
         result = fn(em, out, *args, **kwargs)
-    except (UnsupportedOpError, NotImplementedError):
+    except (UnsupportedOpError, NotImplementedError, ShardyUnavailable):
         raise
     except Exception as exc:
         raise LoweringError(f"lowering {name} (node {node.name}) failed: {type(exc).__name__}: {exc}") from exc
@@ -296,7 +354,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     _check_result(name, node, out, result)
     spec = sharding_string(node.meta.get("sharding"))
     if spec is not None and partitioned and isinstance(result, TensorValue):
-        result = annotate_sharding(result, spec)
+        result = em.constrain(result, spec)
     return result
 
 
@@ -313,14 +371,6 @@ def _empty_result(em: Emitter, out: Any) -> Any:
         return None
     values = tuple(em.constant(0, o.dtype, tuple(o.shape)) for o in outs)
     return values if isinstance(out, (tuple, list)) else values[0]
-
-
-def annotate_sharding(x: TensorValue, spec: str, side_effect: bool = False) -> TensorValue:
-    """Pin ``x``'s sharding with the ``@Sharding`` custom call the partitioner understands (``side_effect``: keep
-    the call even where its result looks unused, as a shard group's must be)."""
-    op = hlo.CustomCallOp([x.value.type], [x.value], "Sharding", has_side_effect=side_effect or None)
-    op.attributes["mhlo.sharding"] = ir.StringAttr.get(spec)
-    return TensorValue(op.results[0], x.shape, x.dtype)
 
 
 def _check_result(name: str, node: fx.Node, out: Any, result: Any) -> None:

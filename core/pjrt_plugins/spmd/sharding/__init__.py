@@ -10,6 +10,7 @@ from ._hlo_sharding import OpSharding, Shard, ShardIndices, ShardingType, parse_
 from ._mesh import Mesh, hybrid_device_ids
 from ._mesh_axis_dims import axis_dims_from_spec, spec_from_axis_dims
 from ._partition_spec import PartitionSpec, normalize_partition_spec
+from ._sdy_plan import SdyMesh, SdyPlan, SdySharding, plan_sdy
 
 __all__ = [
     "Mesh",
@@ -17,11 +18,15 @@ __all__ = [
     "PartitionSpec",
     "Shard",
     "ShardIndices",
+    "SdyMesh",
+    "SdyPlan",
+    "SdySharding",
     "ShardingType",
     "axis_dims_from_spec",
     "hybrid_device_ids",
     "normalize_partition_spec",
     "parse_sharding",
     "parse_tuple_sharding",
+    "plan_sdy",
     "spec_from_axis_dims",
 ]

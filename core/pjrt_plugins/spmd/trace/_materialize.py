@@ -31,6 +31,7 @@ from ._closures import run_step_closures
 from ._output_specs import out_meta
 from ._manual import is_region_value
 from ._record import key_value, raise_stale, spec_token
+from ._split import split_off_rest
 from ._state import ENGINE
 from ._trace import GETITEM, INPUT, LazyValue, Trace
 
@@ -67,15 +68,42 @@ def sync(wait: bool = True) -> None:
 
 
 def materialize(datas: Sequence[TensorData]) -> None:
-    """Bring pending ``datas`` to the DEVICE state (runs the whole pending graph once)."""
+    """Bring pending ``datas`` to the DEVICE state: runs the pending graph once, all of it, except the cheap
+    rearranging ops no requested value needs, which stay pending (``_split``)."""
     with ENGINE.lock:
         for data in datas:
             if data.state is not _LAZY:
                 continue
             value: LazyValue = data.lazy
-            if value.trace.done or value.trace.error is not None:
+            trace = value.trace
+            if trace.done or trace.error is not None:
                 raise_stale(value)
-            _run(value.trace)
+            wanted = [d.lazy.index for d in datas if d.state is _LAZY and d.lazy.trace is trace]
+            if not _run_part(trace, wanted):
+                _run(trace)
+
+
+def _run_part(trace: Trace, wanted: list[int]) -> bool:
+    """Run only what ``wanted`` needs when the rest is cheap; the rest becomes the pending trace. False when
+    the whole trace should run."""
+    holders = live_outputs(trace)
+    parts = split_off_rest(trace, wanted, holders)
+    if parts is None:
+        return False
+    first, make_rest = parts
+    was_current = ENGINE.trace is trace
+    if was_current:
+        ENGINE.trace = None
+    trace.done = True
+    try:
+        _run(first)
+    except BaseException as exc:
+        trace.error = exc  # the rest's tensors still hold values of this trace: they raise with the cause
+        raise
+    rest = make_rest()
+    if was_current and ENGINE.trace is None:
+        ENGINE.trace = rest
+    return True
 
 
 def _run(trace: Trace) -> None:
@@ -134,6 +162,9 @@ def build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) -
             source = next(inputs)
             node = graph.placeholder(f"in{len(nodes)}")
             node.meta["sharding"] = source.sharding
+            if source.mesh is not None:  # the lowering's Shardy mesh takes its axis names
+                mesh = source.mesh
+                node.meta["mesh"] = (mesh.mesh_shape, mesh.axis_names, tuple(mesh.device_ids.tolist()))
         elif kind == GETITEM:
             node = graph.call_function(operator.getitem, (nodes[entry[1]], entry[2]), name="getitem")
         else:

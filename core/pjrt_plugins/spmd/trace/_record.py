@@ -263,6 +263,8 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
                         else _ref(trace, data))
         else:
             keys.append(_key(trace, a, lift))
+    if info.is_view and not kwargs and info.func in _NARROWING and type(keys[0]) is int:
+        keys = _narrow_through_cat(trace, info.func is _SELECT, keys)
     entry = (info.id, tuple(keys), tuple([(k, _key(trace, v, lift)) for k, v in kwargs.items()]) if kwargs else ())
     cursor = trace.cursor
     step = cursor.next.get(entry)
@@ -307,6 +309,76 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
             value.base, value.view = weakref.ref(base_data), views[i]
         results.append(value)
     return results if out[0] == "L" else tuple(results)
+
+
+_CAT, _SELECT, _SLICE = aten.cat.default, aten.select.int, aten.slice.Tensor
+_NARROWING = frozenset({_SELECT, _SLICE})
+
+
+def _narrow_through_cat(trace: Trace, select: bool, keys: list[Any]) -> list[Any]:
+    """The keys of ``slice``/``select`` of a pending ``cat`` made to read the one operand the range falls in.
+
+    Why: ``generate`` appends each new token to ``input_ids`` with ``cat`` and reads back the last one
+    (``input_ids[:, -1:]``); read through the ``cat``, the next step's program would take the whole growing
+    tensor as an input and differ at every token. Read from the operand, it depends on the new token only.
+    The op keeps its base for view semantics (the recorded entry only reads another pending value).
+    """
+    while True:
+        source = keys[0]
+        entry = trace.entries[source]
+        if entry[0] <= 0 or entry[2] or ENGINE.ops_by_id[entry[0]].func is not _CAT:  # type: ignore[union-attr]
+            return keys
+        operands = entry[1][0]
+        _, shape, dtype = trace.outs[source]
+        rank = len(shape)
+        cat_dim = entry[1][1] if len(entry[1]) > 1 else (int, 0)
+        dim = keys[1] if len(keys) > 1 else (int, 0)
+        if (type(operands) is not tuple or operands[0] not in (list, tuple) or not rank
+                or type(cat_dim) is not tuple or cat_dim[0] is not int or type(dim) is not tuple or dim[0] is not int
+                or cat_dim[1] % rank != dim[1] % rank):
+            return keys
+        axis = dim[1] % rank
+        size = shape[axis]
+        if select:
+            if len(keys) != 3 or type(keys[2]) is not tuple or keys[2][0] is not int:
+                return keys
+            start = keys[2][1] + size if keys[2][1] < 0 else keys[2][1]
+            end = start + 1
+        else:
+            bounds = [_slice_bound(keys[i] if len(keys) > i else None, default, size)
+                      for i, default in ((2, 0), (3, size))]
+            if None in bounds or (len(keys) > 4 and keys[4] != (int, 1)) or len(keys) > 5:
+                return keys
+            start, end = bounds  # type: ignore[misc]
+        if not 0 <= start < end <= size:
+            return keys
+        offset = 0
+        for ref in operands[1]:
+            if type(ref) is not int:
+                return keys
+            _, part_shape, part_dtype = trace.outs[ref]
+            if part_dtype != dtype or len(part_shape) != rank:
+                return keys
+            length = part_shape[axis]
+            if offset <= start and end <= offset + length:
+                break
+            offset += length
+        else:
+            return keys
+        if select:
+            keys = [ref, keys[1], (int, start - offset)]
+        else:
+            keys = [ref, keys[1], (int, start - offset), (int, end - offset), *keys[4:]]
+
+
+def _slice_bound(key: Any, default: int, size: int) -> int | None:
+    """A slice's start or end from its key, made non-negative and clamped to ``size``; None if not a constant."""
+    if key is None:
+        return default
+    if type(key) is not tuple or key[0] is not int:
+        return None
+    value = key[1] + size if key[1] < 0 else key[1]
+    return min(max(value, 0), size)
 
 
 def record(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) -> Any:

@@ -60,7 +60,7 @@ class LazyValue:
 class TraceInput:
     """A graph input: the device buffers its entry stands for, fixed at record time."""
 
-    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype")
+    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh")
 
     def __init__(self, data: TensorData) -> None:
         assert data.buffers is not None and data.sharding is not None
@@ -69,6 +69,7 @@ class TraceInput:
         self.sharding = data.sharding
         self.shape = data.shape
         self.dtype = data.dtype
+        self.mesh = data.mark[0] if data.mark is not None else None  # names the Shardy mesh's axes
 
 
 class Step:

@@ -1,0 +1,200 @@
+"""Running part of the pending trace: the ops a requested value needs, when all that is left is cheap.
+
+Why: a value read on the host (``.item()``, ``bool()``, ``.cpu()``) runs the whole pending trace, and every
+live tensor becomes an output of the program. ``generate`` reads a stop flag each token while ``input_ids``
+grows by ``cat``: as an output (and the next token's input) it would make each token's program new. When the
+ops no requested value needs only rearrange values (``cat``, slices, views, fills, small elementwise ops),
+they stay pending in a new trace, the values they read from the part that ran becoming its inputs; the part
+that runs then sees the same shapes every token. Anything heavier left over (a backward, an optimizer step)
+runs now, in the same program, as before.
+
+Both parts are copies of the trace's entries (:func:`_replay`), walking the prefix tree from its root, so their
+programs are keyed and cached as any trace's.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from ..lowering import ScalarSlot
+from ..transport import TensorData
+from ._record import _append, _ref, pending_data
+from ._state import ENGINE
+from ._trace import GETITEM, INPUT, LazyValue, Step, Trace
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CHEAP_OPS", "split_off_rest"]
+
+#: Ops (by name) that may stay pending while the values they read are computed: they copy, select or fill
+#: values, or compute elementwise on them, at a cost of a few operations per element.
+CHEAP_OPS = frozenset({
+    "alias", "arange", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cat", "clone", "copy", "eq",
+    "expand", "fill", "full", "full_like", "ge", "gt", "le", "lift_fresh_copy", "logical_and", "logical_not",
+    "logical_or", "lt", "masked_fill", "mul", "ne", "neg", "new_ones", "new_zeros", "ones", "ones_like", "permute",
+    "reshape", "select", "slice", "squeeze", "sub", "t", "transpose", "unsqueeze", "view", "where", "zeros",
+    "zeros_like", "_to_copy", "_unsafe_view", "add", "narrow", "detach",
+})
+
+
+def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[TensorData]]) -> tuple[Trace, Any] | None:
+    """The part of ``trace`` that ``wanted`` (entry indices) needs, as a new trace holding the live values it
+    computes, and the function that, once that part ran, makes the rest a new pending trace; None when the rest
+    is empty or not cheap (then the whole trace runs). ``holders``: the live tensors of each entry."""
+    if all(i in wanted for i in holders):  # nothing else is live: the whole trace runs
+        return None
+    deps = [_dependencies(entry) for entry in trace.entries]
+    needed = _closure(trace, wanted, deps)
+    rest_roots = [i for i in holders if i not in needed]
+    if not rest_roots:
+        return None
+    rest = _closure(trace, rest_roots, deps, stop=needed)
+    for i in rest:
+        kind = trace.entries[i][0]
+        if kind > 0:
+            info = ENGINE.ops_by_id[kind]
+            packet = getattr(info.func, "overloadpacket", None) if info is not None else None
+            if packet is None or packet.__name__ not in CHEAP_OPS:
+                return None
+    first, first_index = _replay(trace, sorted(needed), {})
+    for i in needed:
+        for data in holders.get(i, ()):
+            _repoint(data, first, first_index[i])
+    # Values of the first part the rest reads: outputs of the first part (new data for those no tensor holds).
+    external: dict[int, TensorData] = {}
+    for i in rest:
+        for j in deps[i]:
+            if j in needed and j not in external and trace.entries[j][0] != INPUT:
+                held = holders.get(j)
+                external[j] = held[0] if held else pending_data(LazyValue(first, first_index[j]))
+
+    def make_rest() -> Trace:
+        second, second_index = _replay(trace, sorted(rest), external)
+        for i in rest:
+            for data in holders.get(i, ()):
+                _repoint(data, second, second_index[i])
+        logger.debug("ran %d of %d pending entries; %d stay pending", len(needed), len(trace.entries), len(rest))
+        return second
+
+    return first, make_rest
+
+
+def _dependencies(entry: tuple) -> tuple[int, ...]:
+    """The entries an entry reads."""
+    kind = entry[0]
+    if kind == INPUT:
+        return ()
+    if kind == GETITEM:
+        return (entry[1],)
+    found: list[int] = []
+    for key in entry[1]:
+        _collect(key, found)
+    for _, key in entry[2]:
+        _collect(key, found)
+    return tuple(found)
+
+
+def _collect(key: Any, found: list[int]) -> None:
+    """The entries one argument key reads (an int, or ints in a list or tuple key; see ``_record._key``)."""
+    if type(key) is int:
+        found.append(key)
+    elif type(key) is tuple and key and (key[0] is list or key[0] is tuple):
+        for k in key[1]:
+            _collect(k, found)
+
+
+def _closure(trace: Trace, roots: list[int], deps: list[tuple[int, ...]], stop: set[int] | None = None) -> set[int]:
+    """``roots`` and every entry they read, transitively (not past ``stop``); an op's results come with it."""
+    entries = trace.entries
+    seen: set[int] = set()
+    todo = [r for r in roots if not stop or r not in stop]
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if entries[i][0] > 0:  # every result of a multi-output op: their positions follow it
+            j = i + 1
+            while j < len(entries) and entries[j][0] == GETITEM and entries[j][1] == i:
+                if j not in seen:
+                    todo.append(j)
+                j += 1
+        for d in deps[i]:
+            if d not in seen and (stop is None or d not in stop):
+                todo.append(d)
+    return seen
+
+
+def _replay(old: Trace, keep: list[int], external: dict[int, TensorData]) -> tuple[Trace, dict[int, int]]:
+    """A new trace of ``old``'s entries ``keep`` (in order), reading ``external`` data where they read entries
+    not kept; returns it and where each kept entry went."""
+    new = Trace(ENGINE.root)
+    index: dict[int, int] = {}
+    ordinal = {i: n for n, i in enumerate(i for i, e in enumerate(old.entries) if e[0] == INPUT)}
+    random_keys = {}
+    if old.rng:
+        randoms = [i for i, e in enumerate(old.entries) if e[0] > 0 and ENGINE.ops_by_id[e[0]].random]  # type: ignore
+        random_keys = dict(zip(randoms, old.rng))
+
+    def remap(key: Any) -> Any:
+        kind = type(key)
+        if kind is int:
+            hit = index.get(key)
+            if hit is not None:
+                return hit
+            if old.entries[key][0] == INPUT:  # an input both parts read: an input of this one too
+                hit = index[key] = _append(new, old.entries[key], old.outs[key])
+                new.inputs.append(old.inputs[ordinal[key]])
+                return hit
+            return _ref(new, external[key])
+        if kind is not tuple or not key:
+            return key
+        tag = key[0]
+        if tag is ScalarSlot:
+            new.scalars.append(old.scalars[key[1]])
+            return (ScalarSlot, len(new.scalars) - 1)
+        if tag is list or tag is tuple:
+            return (tag, tuple([remap(k) for k in key[1]]))
+        return key
+
+    for i in keep:
+        entry, out = old.entries[i], old.outs[i]
+        kind = entry[0]
+        if kind == GETITEM:
+            entry = (GETITEM, index[entry[1]], entry[2])
+        elif kind == INPUT:
+            new.inputs.append(old.inputs[ordinal[i]])
+        else:
+            entry = (kind, tuple([remap(k) for k in entry[1]]), tuple([(n, remap(k)) for n, k in entry[2]]))
+            new.ops += 1
+            if i in random_keys:
+                new.rng.append(random_keys[i])
+        if kind != GETITEM:  # GETITEM entries follow their op outside the prefix tree, as when recorded
+            step = new.cursor.next.get(entry)
+            if step is None:
+                step = new.cursor.next[entry] = Step(out, entry)
+                ENGINE.steps += 1
+            new.cursor = step
+            entry = step.entry  # type: ignore[assignment]
+        index[i] = len(new.entries)
+        new.entries.append(entry)
+        new.outs.append(out)
+    for key, i in old.input_ids.items():
+        if i in index:
+            new.input_ids[key] = index[i]
+    for i, spec in old.pins.items():
+        if i in index:
+            new.pins[index[i]] = spec
+    return new, index
+
+
+def _repoint(data: TensorData, trace: Trace, index: int) -> None:
+    """Make pending ``data`` hold entry ``index`` of ``trace`` (its base and pinned layout kept)."""
+    old: LazyValue = data.lazy
+    value = LazyValue(trace, index)
+    value.base, value.view, value.keep_sharding = old.base, old.view, old.keep_sharding
+    data.lazy = value
+    trace.values.append(weakref.ref(data))
+

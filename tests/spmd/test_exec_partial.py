@@ -1,0 +1,87 @@
+"""A value read on the host runs what it needs; cheap rearranging (``cat``, slices) that nothing read needs stays
+pending, so a tensor that grows every step (``generate``'s ``input_ids``) does not make every step's program new.
+Reads through a pending ``cat`` (``x[:, -1:]``) read the operand they fall in, with the values and view semantics
+of reading the ``cat``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd import trace
+from pjrt_plugins.spmd.transport import TensorState
+
+from _exec_support import assert_close, engine  # noqa: F401
+
+MESH = xs.Mesh(range(8), (8,), ("data",))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return xs.mark_sharding(t.to("pjrt"), MESH, ("data",) + (None,) * (t.dim() - 1))
+
+
+def test_a_growing_tensor_and_a_flag_read_every_step_compile_a_bounded_number_of_programs(engine):
+    # generate's loop: the next token from the last one, appended with cat, and a stop flag read on the host.
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(16, 16, generator=g)
+    ids = torch.randint(0, 16, (8, 3), generator=g)
+    table_p, ids_p = table.to("pjrt"), _rows(ids)
+    compiles = []
+    for _ in range(8):
+        before = xs.metrics().compiles
+        nxt_p = table_p[ids_p[:, -1]].argmax(-1)
+        ids_p = torch.cat([ids_p, nxt_p[:, None]], dim=1)
+        stop_p = bool((nxt_p == 99).all())
+        compiles.append(xs.metrics().compiles - before)
+        nxt = table[ids[:, -1]].argmax(-1)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        assert stop_p == bool((nxt == 99).all())
+        assert ids_p._pjrt_data.state is TensorState.LAZY  # the cat waits
+    assert compiles[3:] == [0] * 5, f"programs compiled per step: {compiles}"
+    assert torch.equal(ids_p.cpu(), ids)
+
+
+@pytest.mark.parametrize("read", [
+    lambda t: t[:, -1:], lambda t: t[:, -1], lambda t: t[:, 3:5], lambda t: t[:, 2:4], lambda t: t[:, 1:],
+    lambda t: t[:, ::2], lambda t: t[:, 5:5], lambda t: t[:, -2:-1], lambda t: t[1:, 4], lambda t: t[:, 0],
+], ids=["last", "select-last", "inside", "across", "tail", "strided", "empty", "second-last", "rows", "first"])
+def test_reads_through_a_pending_cat_give_the_cats_values(engine, read):
+    g = torch.Generator().manual_seed(1)
+    a, b, c = torch.randn(8, 3, generator=g), torch.randn(8, 2, generator=g), torch.randn(8, 1, generator=g)
+    nested = torch.cat([torch.cat([a, b], dim=1), c * 2], dim=-1)
+    nested_p = torch.cat([torch.cat([_rows(a), _rows(b)], dim=1), _rows(c) * 2], dim=-1)
+    assert_close("read", read(nested_p).cpu(), read(nested))
+
+
+def test_a_write_into_a_read_through_a_pending_cat_reaches_the_cat(engine):
+    a, b = torch.randn(4, 3), torch.randn(4, 2)
+    joined = torch.cat([a, b], dim=1)
+    joined_p = torch.cat([_rows(a) + 0, _rows(b) + 0], dim=1)
+    joined[:, -1:].mul_(10)
+    joined_p[:, -1:].mul_(10)
+    assert_close("the cat after the write", joined_p.cpu(), joined)
+
+
+def test_work_that_is_not_cheap_runs_with_the_value_read(engine):
+    x = torch.randn(8, 8)
+    x_p = _rows(x)
+    product = x_p @ x_p.T  # not needed by the value read, and not cheap: runs in the same program
+    grown = torch.cat([x_p, x_p], dim=0)  # cheap, but the product makes the whole trace run
+    before = xs.metrics().executions
+    assert_close("sum", torch.tensor(x_p.sum().item()), x.sum())
+    assert xs.metrics().executions == before + 1
+    assert product._pjrt_data.state is TensorState.DEVICE and grown._pjrt_data.state is TensorState.DEVICE
+    assert trace.pending_ops() == 0
+    assert_close("product", product.cpu(), x @ x.T)
+
+
+def test_cheap_work_left_pending_runs_at_the_next_sync(engine):
+    x = torch.randn(8, 4)
+    x_p = _rows(x)
+    grown = torch.cat([x_p * 2, x_p], dim=1)
+    assert (x_p * 2).sum().item() == pytest.approx(float((x * 2).sum()), rel=1e-5)
+    assert grown._pjrt_data.state is TensorState.LAZY and trace.pending_ops() > 0
+    xs.sync()
+    assert grown._pjrt_data.state is TensorState.DEVICE and trace.pending_ops() == 0
+    assert_close("grown", grown.cpu(), torch.cat([x * 2, x], dim=1))
