@@ -3,8 +3,8 @@
 The backend is found through the real ``torch_dynamo_backends`` entry point of the installed package.
 Compiled functions and training steps give the numbers of the same code run eagerly on pjrt (and of
 torch on the CPU); graphs that do not lower whole (dropout) run op by op; ``.cpu()`` inside, factories
-on the input's device, input mutation and ``mark_sharding`` around a compiled function keep their
-meaning.
+on the input's device, input mutation and ``mark_sharding`` around and inside a compiled function keep
+their meaning.
 """
 
 from __future__ import annotations
@@ -163,15 +163,17 @@ def test_tensors_made_by_factories_inside_come_back_as_pjrt_tensors(engine):
     assert torch.equal(ones.cpu(), torch.ones(2, 2))
 
 
-def test_mark_sharding_inside_a_compiled_function_runs_eagerly(engine):
-    """Dynamo does not trace into pjrt_plugins: the call breaks the graph and runs as written."""
+def test_mark_sharding_inside_a_compiled_function_is_part_of_the_graph(engine):
+    """mark_sharding inside a compiled function breaks no graph: it constrains the value in the graph, and the
+    result is laid out that way once it runs (test_sharding_hints has the rest)."""
     x = torch.randn(8, 4)
 
     def f(a):
         marked = xs.mark_sharding(a + 1, MESH, ("data", None))
         return marked, marked * 2
 
-    marked, out = torch.compile(f, backend="pjrt")(x.to("pjrt"))
+    marked, out = torch.compile(f, backend="pjrt", fullgraph=True)(x.to("pjrt"))
+    xs.sync()
     assert marked.sharding_spec == xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), MESH, ("data", None)).sharding_spec
     assert torch.equal(out.cpu(), (x + 1) * 2)
 

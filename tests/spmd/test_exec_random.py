@@ -116,8 +116,8 @@ def test_a_repeated_step_with_dropout_finds_its_program_and_draws_new_masks(engi
     """The per-op keys are inputs of the program, not constants in it or part of its key: a repeated step
     finds its traced program without building a graph, and still draws new masks."""
     built = []
-    real_build = _materialize._build_graph
-    monkeypatch.setattr(_materialize, "_build_graph", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    real_build = _materialize.build_graph
+    monkeypatch.setattr(_materialize, "build_graph", lambda *a, **k: built.append(1) or real_build(*a, **k))
     torch.manual_seed(13)
     w = torch.ones(32, 32).to("pjrt").requires_grad_()
     masks = []

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ..errors import ShardingError
 from .devices import get_global_mesh
-from .frontend import TORCH_DEVICE, mark_sharding
+from .frontend import TORCH_DEVICE, apply_backward_optimization_barrier, mark_sharding
 from .fsdp_wrap import recursive_wrap
 from .sharding import Mesh
 
@@ -70,9 +70,9 @@ class SpmdFullyShardedDataParallel(nn.Module):
       they share ``mesh`` and ``shard_output``.
     - ``.module`` is the wrapped module; unknown attributes and ``[i]`` are forwarded to it.
 
-    PyTorch/XLA also places optimization barriers in the backward pass
-    (``apply_backward_optimization_barrier``), a hint that bounds XLA's fusions for memory;
-    it does not change the numbers and is not placed here.
+    As in PyTorch/XLA, the wrapped module gets optimization barriers on its gradients in the
+    backward pass (:func:`~pjrt_plugins.spmd.apply_backward_optimization_barrier`), a hint that
+    bounds XLA's fusions for memory; it does not change the numbers.
 
     Example (8 devices)::
 
@@ -121,6 +121,9 @@ class SpmdFullyShardedDataParallel(nn.Module):
             if param.sharding_spec != "":  # already sharded: by an inner wrapper or by hand
                 continue
             mark_sharding(param, mesh, parameter_partition_spec(param.shape, shard_maximal=True))
+        # Barriers on the gradients when the backward pass leaves the module keep XLA from fusing its backward
+        # with the others into huge buffers for the gradient reductions (as PyTorch/XLA's FSDPv2 does).
+        apply_backward_optimization_barrier(module)
         self._shard_output = shard_output if shard_output is not None else _default_shard_output(extra_data_axis)
 
     @property

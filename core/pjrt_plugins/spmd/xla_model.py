@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 import torch
@@ -34,7 +34,7 @@ from .collectives import (
     collective_permute,
     reduce_scatter,
 )
-from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine
+from .frontend import TORCH_DEVICE, InputSharding, check_torch_device, engine, loaded_engine, optimization_barrier_
 from .frontend import send_cpu_data_to_device as _send
 from .frontend.tensor import XLAShardedTensor, materialize, to_cpu, unwrap
 
@@ -45,6 +45,7 @@ __all__ = [
     "REDUCE_MUL",
     "REDUCE_OR",
     "REDUCE_SUM",
+    "add_step_closure",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -54,11 +55,14 @@ __all__ = [
     "get_memory_info",
     "get_ordinal",
     "get_rng_state",
+    "get_stablehlo",
+    "get_stablehlo_bytecode",
     "get_xla_supported_devices",
     "is_master_ordinal",
     "is_xla_tensor",
     "mark_step",
     "master_print",
+    "optimization_barrier_",
     "optimizer_step",
     "reduce_scatter",
     "rendezvous",
@@ -70,6 +74,8 @@ __all__ = [
     "xla_device",
     "xla_device_hw",
     "xla_device_kind",
+    "xla_real_devices",
+    "xla_replication_devices",
     "xrt_world_size",
 ]
 
@@ -130,6 +136,87 @@ def xla_device_kind(device: str | torch.device | None = None) -> str:
     """The plugin's device kind string (e.g. ``"cpu"``, ``"NVIDIA H100 80GB HBM3"``)."""
     check_torch_device(device)
     return str(_devices.virtual_device().devices[0].kind)
+
+
+def _real_device(ordinal: int) -> str:
+    """PyTorch/XLA's name of a real device: the platform in upper case and the device ordinal (``"CPU:3"``)."""
+    vd = _devices.virtual_device()
+    return f"{str(vd.client.platform_name).upper()}:{ordinal}"
+
+
+def xla_real_devices(devices: Sequence[str | torch.device] | None = None) -> list[str]:
+    """The real device behind each of ``devices`` (default: ``get_xla_supported_devices()``, i.e. ``pjrt:0``).
+
+    As in PyTorch/XLA, with SPMD on the virtual device is ``"SPMD:0"`` (it stands for every device:
+    :func:`xla_replication_devices` lists them); with SPMD off it is the one device it runs on,
+    e.g. ``"CPU:0"``.
+    """
+    devices = list(devices) if devices else get_xla_supported_devices()
+    for device in devices:
+        check_torch_device(device)
+    real = "SPMD:0" if _devices.virtual_device().spmd else _real_device(0)
+    return [real for _ in devices]
+
+
+def xla_replication_devices(local_devices: Sequence[str | torch.device] | None = None) -> list[str]:
+    """The real devices a program on ``local_devices`` (default and only choice: ``[pjrt:0]``) runs on, by ordinal:
+    every device of the virtual device with SPMD on (``["CPU:0", ..., "CPU:7"]``), the one device with it off.
+
+    Raises ``RuntimeError`` when ``local_devices`` does not list the supported devices, as PyTorch/XLA does.
+    """
+    supported = get_xla_supported_devices()
+    if local_devices is not None:
+        for device in local_devices:
+            check_torch_device(device)
+        if len(local_devices) != len(supported):
+            raise RuntimeError(f"Cannot replicate if number of devices ({len(local_devices)}) is different from "
+                               f"{len(supported)} (the supported devices: {supported})")
+    vd = _devices.virtual_device()
+    return [_real_device(i) for i in (vd.device_ids if vd.spmd else (0,))]
+
+
+def add_step_closure(closure: Callable[..., Any], args: tuple[Any, ...] = (), run_async: bool = False) -> None:
+    """Run ``closure(*args)`` after the next step (``xs.sync()`` / :func:`mark_step`), when the tensors it reads
+    hold device data: inspecting them then runs no extra program.
+
+    Closures run in the order they were added, on the thread that calls ``sync``; with ``run_async``
+    on one background thread instead (in order), and an exception one raises is raised, as a
+    ``RuntimeError``, by a later ``sync``. ``XLA_MAX_ASYNC_QUEUE`` bounds the background queue (100).
+
+    Example::
+
+        xm.add_step_closure(lambda loss, step: print(step, loss.item()), args=(loss, step))
+        xm.mark_step()   # runs the step, then prints
+    """
+    engine().add_step_closure(closure, args, run_async)
+
+
+def get_stablehlo(tensors: Sequence[torch.Tensor] | None = None) -> str:
+    """The pending graph computing ``tensors`` as StableHLO text, lowered without running it.
+
+    With ``tensors`` ``None`` or empty, the graph of every live pending tensor (what the next
+    ``sync`` runs). The module carries the shardings: ``mhlo.sharding`` on each argument and the
+    ``@Sharding`` custom calls of ``mark_sharding`` on pending values. Given only tensors that hold
+    data already, the module returns its arguments (those tensors, with their shardings).
+
+    Example::
+
+        y = model(x)
+        print(xm.get_stablehlo([y]))    # nothing runs; y stays pending
+    """
+    return str(_lowered(tensors).text)
+
+
+def get_stablehlo_bytecode(tensors: Sequence[torch.Tensor] | None = None) -> bytes:
+    """:func:`get_stablehlo` as a StableHLO portable artifact (versioned MLIR bytecode, what the plugin compiles)."""
+    return bytes(_lowered(tensors).artifact)
+
+
+def _lowered(tensors: Sequence[torch.Tensor] | None) -> Any:
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    datas = [unwrap(t) for t in tensors] if tensors else None
+    return engine().lower_pending(datas)
 
 
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:

@@ -10,26 +10,40 @@ engine half loads through ``_seam`` on the first operator. Not a public API: use
 from __future__ import annotations
 
 from . import _factories  # noqa: F401  (registers the device's factory and copy kernels)
-from ._annotate import clear_sharding, mark_sharding, to_device, wrap_as_sharded_tensor, wrap_if_sharded
+from ._annotate import clear_sharding, to_device, wrap_as_sharded_tensor, wrap_if_sharded
+from ._constraints import MarkShardingFunction, apply_backward_optimization_barrier
 from ._input_sharding import InputSharding, ShardingSpec, check_input_sharding, send_cpu_data_to_device
 from ._seam import engine, loaded_engine
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE, check_torch_device
+from ._traceable import (
+    annotate_custom_sharding,
+    mark_sharding,
+    mark_sharding_with_gradients,
+    optimization_barrier_,
+    shard_as,
+)
 from .tensor import XLAShard, XLAShardedTensor, to_cpu, unwrap, wrap
 
 __all__ = [
     "DEVICE_TYPE",
     "InputSharding",
+    "MarkShardingFunction",
     "ShardingSpec",
     "TORCH_DEVICE",
     "XLAShard",
     "XLAShardedTensor",
+    "annotate_custom_sharding",
+    "apply_backward_optimization_barrier",
     "check_input_sharding",
     "check_torch_device",
     "clear_sharding",
     "engine",
     "loaded_engine",
     "mark_sharding",
+    "mark_sharding_with_gradients",
+    "optimization_barrier_",
     "send_cpu_data_to_device",
+    "shard_as",
     "to_cpu",
     "to_device",
     "unwrap",

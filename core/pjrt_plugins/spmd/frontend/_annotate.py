@@ -4,7 +4,6 @@ and ``to_device``, with PyTorch/XLA's names and semantics."""
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ from ..devices import check_mesh_fits, virtual_device
 from ..sharding import Mesh, PartitionSpec, ShardingType
 from ..transport import TensorState, check_current, upload
 from . import _seam
+from ._constraints import as_mesh
 from ._torch_device import TORCH_DEVICE
 from .tensor import XLAShardedTensor, describe, unwrap
 
@@ -23,44 +23,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["clear_sharding", "mark_sharding", "to_device", "wrap_as_sharded_tensor", "wrap_if_sharded"]
 
 
-def _as_mesh(mesh: Mesh | Sequence[int]) -> Mesh:
-    if isinstance(mesh, Mesh):
-        return mesh
-    if isinstance(mesh, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in mesh):
-        return Mesh(range(math.prod(mesh)), tuple(mesh))  # the RFC's form: a mesh shape, ids in ordinal order
-    raise TypeError(f"mark_sharding expects a Mesh or a mesh shape (tuple of ints), got {mesh!r}")
-
-
-def mark_sharding(
-    t: torch.Tensor,
-    mesh: Mesh | Sequence[int],
-    partition_spec: PartitionSpec,
-    use_dynamo_custom_op: bool = False,
-) -> XLAShardedTensor:
-    """Declare how ``t`` is split over ``mesh`` and upload each device's shard (and nothing more).
-
-    ``t`` must be on ``pjrt`` (``t.to("pjrt")``); it is annotated in place and
-    returned. ``mesh`` is a :class:`Mesh` or, as in the RFC, a mesh shape over
-    all devices. ``partition_spec`` has one entry per dimension of ``t``: a mesh
-    axis index, an axis name, a tuple of those (merged, in order) or ``None``.
-
-    Re-marking with the same sharding is a no-op; marking over a replicated
-    sharding re-shards; any other existing sharding raises
-    :class:`~pjrt_plugins.errors.ShardingConflictError` until
-    :func:`clear_sharding`. A pending (lazy) tensor only records the
-    annotation; the execution engine applies it.
-
-    Example (8 devices)::
-
-        mesh = xs.Mesh(range(8), (4, 2), ("data", "model"))
-        x = xs.mark_sharding(torch.randn(8, 32).to("pjrt"), mesh, ("data", None))
-        x.sharding_type      # ShardingType.PARTIAL: 4-way split, replicated over "model"
-        linear = torch.nn.Linear(32, 10).to("pjrt")
-        xs.mark_sharding(linear.weight, mesh, (None, "model"))   # in place: still the Parameter
-        xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), (4, 2), (0, 1))   # the RFC's mesh-shape form
-    """
-    if use_dynamo_custom_op:
-        raise NotImplementedError("use_dynamo_custom_op=True (torch.compile sharding ops) is not supported")
+def mark_sharding(t: torch.Tensor, mesh: Mesh | Sequence[int], partition_spec: PartitionSpec) -> XLAShardedTensor:
+    """``xs.mark_sharding`` (documented in ``_traceable``, the module users call) on a tensor with data."""
     data = unwrap(t)
     vd = virtual_device()
     if not vd.spmd:
@@ -68,7 +32,7 @@ def mark_sharding(
             "mark_sharding needs SPMD mode, which is off (XLA_USE_SPMD=0): the virtual device is a single "
             "device. Call pjrt_plugins.spmd.use_spmd() or set XLA_USE_SPMD=1 before using the pjrt device."
         )
-    mesh = _as_mesh(mesh)
+    mesh = as_mesh(mesh)
     check_mesh_fits(mesh, vd)
     spec = mesh.get_op_sharding(partition_spec, rank=t.dim())
     spec.check_devices(vd.device_ids)

@@ -228,6 +228,8 @@ def _record_and_assign(info: OpInfo, args: tuple, kwargs: dict, targets: Sequenc
     """Record ``info``'s op, whose results are one per target, and make each target hold its result
     (``written_by``: the in-place op the user called, named in errors; default ``info``'s)."""
     values = record_values(info, args, kwargs)
+    if type(values) is LazyValue:  # an op with one result
+        values = [values]
     if written_by is not None:  # the user's op: torch's casting rule and the shapes, before any target changes
         check_inplace(written_by.func, [v.spec[2] for v in values], [t.dtype for t in targets])
         for target, value in zip(targets, values, strict=True):

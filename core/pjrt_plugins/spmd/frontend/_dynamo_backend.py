@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._dynamo import trace_rules
+from torch._dynamo import trace_rules  # noqa: F401  (loaded for configure_dynamo)
 from torch._dynamo.backends.common import aot_autograd
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
@@ -42,7 +42,7 @@ from ..devices import next_rng_keys, rng_keys_tensor
 from ..lowering import REGION, expand_graph, region, register_region
 from ..trace import record_data
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE
-from ._tracing_tensors import linked
+from ._tracing_tensors import configure_dynamo, linked
 from .tensor import XLAShardedTensor, unwrap, wrap
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,10 @@ _META = torch.device("meta")
 
 
 # Dynamo must not trace into pjrt_plugins (mark_sharding, transfers: devices and cffi calls): a call from a
-# compiled function breaks the graph there and runs eagerly. torch.compile imports this module for
-# ``backend="pjrt"``; ``_tracing_tensors`` does the same the first time dynamo looks inside a pjrt tensor.
-trace_rules.add("pjrt_plugins")
+# compiled function breaks the graph there and runs eagerly, but for the sharding hints that
+# ``_tracing_tensors.trace_through`` lists. torch.compile imports this module for ``backend="pjrt"``;
+# ``_tracing_tensors`` does the same the first time dynamo looks inside a pjrt tensor.
+configure_dynamo()
 
 
 # -- the backend ---------------------------------------------------------------------------------

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 from ..execution import clear_compile_cache, get_partitioner, set_cache_dir, set_partitioner
 from ..trace import (
+    add_step_closure,
     in_manual_region,
     last_run_timings,
+    lower_pending,
     materialize,
     on_mark_sharding,
     pending_ops,
     register_tensor_type,
     sync,
+    wait_async_closures,
 )
-from ._dispatch import dispatch, refresh_views
+from ._dispatch import dispatch, record_into, refresh_views
 from ._fallback import cpu_fallback_enabled, set_cpu_fallback
 from ._fused_optim import fused_step
 from .tensor import XLAShardedTensor
 
 __all__ = [
+    "add_step_closure",
     "clear_compile_cache",
     "cpu_fallback_enabled",
     "dispatch",
@@ -30,14 +34,17 @@ __all__ = [
     "get_partitioner",
     "in_manual_region",
     "last_run_timings",
+    "lower_pending",
     "materialize",
     "on_mark_sharding",
     "pending_ops",
+    "record_into",
     "refresh_views",
     "set_cache_dir",
     "set_cpu_fallback",
     "set_partitioner",
     "sync",
+    "wait_async_closures",
 ]
 
 register_tensor_type(XLAShardedTensor)

@@ -8,23 +8,30 @@ pjrt tensors (``_pjrt_data is None``, made by :func:`outer_of`), whose ops run o
 
 from __future__ import annotations
 
+import pkgutil
 import sys
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch._guards import TracingContext
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
-from torch.utils import _pytree as pytree
 from torch.utils._pytree import tree_map_only
 
+from ..devices import HybridMesh, Mesh
+from ..sharding import Mesh as PureMesh
 from ..transport import TensorData
 from ._torch_device import DEVICE_TYPE, TORCH_DEVICE
 
-__all__ = ["EMPTY_STORAGE_BYTES", "inner_of", "is_tracing", "linked", "outer_of", "trace_dispatch", "tracing_tensors_alive"]
+__all__ = ["EMPTY_STORAGE_BYTES", "IN_GRAPH", "configure_dynamo", "inner_of", "is_tracing", "linked", "outer_of",
+           "trace_dispatch", "trace_through", "tracing_tensors_alive"]
 
 _META = torch.device("meta")
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: The one module of this package dynamo traces (the sharding functions users call in compiled code).
+TRACEABLE_MODULE = f"{__package__}._traceable"
 
 #: The storage a pjrt tensor with no elements reports, in bytes. Why not 0: torch.compile's fake copy of a tensor
 #: whose storage has no bytes resizes its own, which torch asks the device's hooks to do, and torch's Python hooks
@@ -33,25 +40,62 @@ EMPTY_STORAGE_BYTES = 1
 
 #: One entry per tracing tensor that is alive: while any, each op checks its arguments for them.
 tracing_tensors_alive: list[None] = []
-_dynamo_kept_out = False
+_dynamo_configured = False
+#: The :func:`trace_through` functions by name.
+_traced_through: dict[str, Callable[..., Any]] = {}
+#: Name -> what compiled code calls for that :func:`trace_through` function: it, as a call dynamo leaves opaque
+#: in its graph (filled by :func:`configure_dynamo`; empty until dynamo is loaded).
+IN_GRAPH: dict[str, Callable[..., Any]] = {}
 
 
-def _keep_dynamo_out_of_this_package() -> None:
+def configure_dynamo() -> None:
     """Dynamo must not trace into pjrt_plugins (mark_sharding, transfers: devices and cffi calls): a call from a
-    compiled function breaks the graph there and runs eagerly. Done the first time dynamo looks inside a pjrt
-    tensor (dynamo is loaded by then; ``_dynamo_backend`` does it too, for ``backend="pjrt"``)."""
-    global _dynamo_kept_out
+    compiled function breaks the graph there and runs eagerly. The exception is ``_traceable`` (the sharding
+    functions users call in compiled code), and the :func:`trace_through` functions it calls, which dynamo leaves
+    opaque. Done the first time dynamo looks inside a pjrt tensor (dynamo is loaded by then; ``_dynamo_backend``
+    does it too, for ``backend="pjrt"``)."""
+    global _dynamo_configured
+    dynamo = sys.modules.get("torch._dynamo")
     trace_rules = sys.modules.get("torch._dynamo.trace_rules")
-    if trace_rules is not None and not _dynamo_kept_out:
-        trace_rules.add("pjrt_plugins")
-        _dynamo_kept_out = True
+    if dynamo is None or trace_rules is None or _dynamo_configured:
+        return
+    _skip_all_but(trace_rules, TRACEABLE_MODULE)
+    # Meshes are arguments of the opaque calls: constants to dynamo (they compare by value).
+    for mesh_class in (Mesh, HybridMesh, PureMesh):
+        if not pytree.is_constant_class(mesh_class):
+            pytree.register_constant(mesh_class)
+    for name, fn in _traced_through.items():
+        IN_GRAPH[name] = dynamo.nonstrict_trace(fn)
+    _dynamo_configured = True
+
+
+def _skip_all_but(trace_rules: Any, kept: str) -> None:
+    """Have dynamo skip every module of ``kept``'s top package but ``kept`` (the packages' ``__init__`` files on its
+    path stay traceable: the functions there only delegate, and a call into a skipped module breaks the graph)."""
+    parts = kept.split(".")
+    for depth in range(1, len(parts)):
+        package = ".".join(parts[:depth])
+        for module in pkgutil.iter_modules(sys.modules[package].__path__):
+            if module.name != parts[depth]:
+                trace_rules.add(f"{package}.{module.name}")
+
+
+def trace_through(fn: _F) -> _F:
+    """Let compiled code call ``fn`` (a sharding hint that handles tracing tensors itself) without a graph break,
+    as ``IN_GRAPH[fn.__name__]``: dynamo leaves the call opaque in its graph (``torch._dynamo.nonstrict_trace``),
+    and AOTAutograd runs ``fn`` on its tracing tensors, so the operators ``fn`` calls become graph nodes."""
+    _traced_through[fn.__name__] = fn
+    dynamo = sys.modules.get("torch._dynamo")
+    if _dynamo_configured and dynamo is not None:
+        IN_GRAPH[fn.__name__] = dynamo.nonstrict_trace(fn)
+    return fn
 
 
 def inner_of(t: Any) -> torch.Tensor:
     """The inner tensor torch.compile sees for the pjrt tensor ``t``: a meta tensor of its shape linked to its
     data (kept on ``t`` while its data, shape and dtype stay, so that every look at ``t`` gives the same one,
     as torch expects)."""
-    _keep_dynamo_out_of_this_package()
+    configure_dynamo()
     inner = t.__dict__.get("_pjrt_inner_tensor")
     data = t._pjrt_data
     if data is None:  # a tracing tensor: its fake inner tensor

@@ -28,6 +28,7 @@ from . import _ternary  # noqa: F401  (lerp, addcmul, addcdiv: the optimizers' p
 from . import _optim  # noqa: F401  (the fused Adam/AdamW step, one op per step)
 from . import _region  # noqa: F401  (a torch.compile graph, one op per call)
 from . import _collectives  # noqa: F401  (manual-sharding regions and their collectives)
+from ._annotations import OPTIMIZATION_BARRIER, SHARD_ALIKE, SHARDING_CONSTRAINT, SHARDING_HINT
 from ._decompose import decomposition_for, expand_graph, functional_variant, is_inplace
 from ._emitter import LoweringOptions, ScalarSlot
 from ._foreach import foreach_plan, is_foreach
@@ -78,9 +79,13 @@ __all__ = [
     "COMPLEX_LOWERINGS",
     "LOWERINGS",
     "META_RULES",
+    "OPTIMIZATION_BARRIER",
     "RANDOM_OPS",
     "REGION",
     "RNG_KEY_DTYPE",
+    "SHARDING_CONSTRAINT",
+    "SHARDING_HINT",
+    "SHARD_ALIKE",
     "ScalarSlot",
     "adam_step_outputs",
     "LoweredModule",

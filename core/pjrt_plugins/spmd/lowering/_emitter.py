@@ -126,6 +126,8 @@ class Emitter:
         self.node: Any = None
         # Matrix products by result value, so a transpose of one becomes the swapped product.
         self._products: dict[ir.Value, tuple[TensorValue, TensorValue, int, int]] = {}
+        #: Shard groups (``{unknown shard_as N}``) numbered so far in this module.
+        self.shard_groups = 0
         #: The program's Shardy plan (its mesh and shardings), or None for GSPMD annotations.
         self.sdy_plan: SdyPlan | None = None
         #: Reshapes that merged a tensor's leading dimensions into one, by result: the tensor before the merge.

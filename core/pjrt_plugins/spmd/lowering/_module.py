@@ -28,7 +28,7 @@ from ._decompose import decomposition_for, expand_graph, trace_decomposition, wr
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
 from ._sdy import ShardyUnavailable, add_mesh, argument_attrs, plan_program
-from ._table import LOWERINGS, RANDOM_OPS, is_random, op_name, refuse_generator
+from ._table import LOWERINGS, RANDOM_OPS, REBINDING_OPS, is_random, op_name, refuse_generator
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +183,7 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
                 em.rng_row = rng_rows.get(node)
                 with ir.Location.name(node.name):
                     env[node] = _lower_node(em, node, env, counts, partitioned)
+                _rebind(node, env)
             results = [env[leaf] for leaf in out_leaves]
             for leaf, r in zip(out_leaves, results):
                 if not isinstance(r, TensorValue):
@@ -312,6 +313,7 @@ def lower_subgraph(em: Emitter, graph: fx.Graph, inputs: list[TensorValue],
                 em.rng_keys, em.rng_row = keys, rows.get(node)
             with ir.Location.name(node.name):
                 env[node] = _lower_node(em, node, env, counts, partitioned)
+            _rebind(node, env)
     finally:
         em.node, em.rng_keys, em.rng_row = outer
     output = next(n for n in graph.nodes if n.op == "output")
@@ -354,6 +356,12 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     if spec is not None and partitioned and isinstance(result, TensorValue):
         result = em.constrain(result, spec)
     return result
+
+
+def _rebind(node: fx.Node, env: dict[fx.Node, Any]) -> None:
+    """After a ``REBINDING_OPS`` node, the nodes that follow read its first argument as the node's value."""
+    if node.target in REBINDING_OPS and isinstance(node.args[0], fx.Node):
+        env[node.args[0]] = env[node]
 
 
 def _empty_result(em: Emitter, out: Any) -> Any:

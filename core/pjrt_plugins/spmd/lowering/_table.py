@@ -28,6 +28,9 @@ RANDOM_OPS: set[Any] = set()
 COMPLEX_LOWERINGS: set[Any] = set()
 #: Output shapes of lowered operators torch has no meta kernel for: op -> fn(*meta args, **kwargs).
 META_RULES: dict[Any, LoweringFn] = {}
+#: Operators with no result whose lowering's value replaces their first argument for the nodes after them
+#: (a sharding annotation made in place: ``pjrt::sharding_hint``).
+REBINDING_OPS: set[Any] = set()
 
 #: Where each entry of a table was registered, for the error about a second one: (id of the table, op) -> file:line.
 _SITES: dict[tuple[int, Any], str] = {}

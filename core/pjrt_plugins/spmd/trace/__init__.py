@@ -8,6 +8,8 @@ Not a public API: use ``pjrt_plugins.spmd``.
 
 from __future__ import annotations
 
+from ._closures import add_step_closure, run_step_closures, wait_async_closures
+from ._inspect import lower_pending
 from ._manual import in_manual_region
 from ._materialize import last_run_timings, materialize, sync
 from ._op_info import (
@@ -34,6 +36,10 @@ from ._state import ENGINE, EngineState
 from ._trace import LazyValue
 
 __all__ = [
+    "add_step_closure",
+    "lower_pending",
+    "run_step_closures",
+    "wait_async_closures",
     "COMPLEX_REFUSAL",
     "ENGINE",
     "EngineState",

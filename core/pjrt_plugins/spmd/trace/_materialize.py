@@ -27,6 +27,7 @@ from ..execution import (
 )
 from ..sharding import OpSharding
 from ..transport import TensorData, TensorState, reshard_buffers, upload_host_tensor
+from ._closures import run_step_closures
 from ._output_specs import out_meta
 from ._manual import is_region_value
 from ._record import key_value, raise_stale, spec_token
@@ -36,7 +37,7 @@ from ._trace import GETITEM, INPUT, LazyValue, Trace
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["last_run_timings", "materialize", "sync"]
+__all__ = ["build_graph", "last_run_timings", "live_outputs", "materialize", "output_pins", "sync"]
 
 _LAZY = TensorState.LAZY
 
@@ -56,12 +57,14 @@ def sync(wait: bool = True) -> None:
         loss.backward(); opt.step(); opt.zero_grad()
         xs.sync()                       # was: xm.mark_step()
         model[0].weight.sharding_spec   # the layout it keeps across steps
+
+    Then the step closures queued with ``xm.add_step_closure`` run.
     """
     with ENGINE.lock:
         trace = ENGINE.trace
-        if trace is None or trace.ops == 0:
-            return
-        _run(trace)
+        if trace is not None and trace.ops > 0:
+            _run(trace)
+    run_step_closures()  # outside the lock: closures read tensors, maybe from other threads
 
 
 def materialize(datas: Sequence[TensorData]) -> None:
@@ -83,7 +86,7 @@ def materialize(datas: Sequence[TensorData]) -> None:
 def _run_part(trace: Trace, wanted: list[int]) -> bool:
     """Run only what ``wanted`` needs when the rest is cheap; the rest becomes the pending trace. False when
     the whole trace should run."""
-    holders = _live_outputs(trace)
+    holders = live_outputs(trace)
     parts = split_off_rest(trace, wanted, holders)
     if parts is None:
         return False
@@ -127,7 +130,7 @@ def _scalar_buffers(values: list[float], vd: VirtualDevice) -> list[Any]:
     return buffers
 
 
-def _live_outputs(trace: Trace) -> dict[int, list[TensorData]]:
+def live_outputs(trace: Trace) -> dict[int, list[TensorData]]:
     """The entries some live tensor still holds, with those tensors."""
     holders: dict[int, list[TensorData]] = {}
     for ref in trace.values:
@@ -145,7 +148,7 @@ def _live_outputs(trace: Trace) -> dict[int, list[TensorData]]:
     return holders
 
 
-def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) -> fx.Graph:
+def build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) -> fx.Graph:
     """The torch.fx graph of ``trace``'s entries (on a compile-cache miss only): inputs are its placeholders,
     ``outputs`` its results, ``pins`` its sharding constraints."""
     graph = fx.Graph()
@@ -190,6 +193,19 @@ def _build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) 
     return graph
 
 
+def output_pins(trace: Trace, holders: dict[int, list[TensorData]], outputs: list[int]) -> dict[int, OpSharding]:
+    """The trace's sharding constraints, plus the sharding an output's holder keeps (``keep_sharding``)."""
+    pins = dict(trace.pins)
+    for index in outputs:
+        if index not in pins:
+            for data in holders[index]:
+                kept = data.lazy.keep_sharding
+                if kept is not None:
+                    pins[index] = kept
+                    break
+    return pins
+
+
 def _realign_inputs(program: CompiledProgram, trace: Trace, columns: list[Any], vd: VirtualDevice) -> None:
     """Lay out again the inputs the compiled program wants in another sharding than the one they have
     (positions kept per program key in ``ENGINE.realign_positions``: usually none)."""
@@ -216,18 +232,11 @@ def last_run_timings() -> dict[str, float]:
 
 def _execute(trace: Trace) -> None:
     t0 = time.perf_counter()
-    holders = _live_outputs(trace)
+    holders = live_outputs(trace)
     if not holders:
         return
     outputs = sorted(holders)
-    pins = dict(trace.pins)
-    for index in outputs:
-        if index not in pins:
-            for data in holders[index]:
-                kept = data.lazy.keep_sharding
-                if kept is not None:
-                    pins[index] = kept
-                    break
+    pins = output_pins(trace, holders, outputs)
     vd = virtual_device()
     columns = []
     for source in trace.inputs:
@@ -243,7 +252,7 @@ def _execute(trace: Trace) -> None:
     # The step the trace ended on stands for its whole sequence of entries (see the note on recording).
     key = (trace.cursor, tuple(outputs), tuple(sorted((i, spec_token(s)) for i, s in pins.items())), options,
            plugin_identity(vd))
-    program = program_for(key, lambda: _build_graph(trace, outputs, pins), vd, options)
+    program = program_for(key, lambda: build_graph(trace, outputs, pins), vd, options)
     _realign_inputs(program, trace, columns, vd)
     t1 = time.perf_counter()
     results = execute_program(program, columns, vd)
