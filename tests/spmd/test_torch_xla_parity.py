@@ -1,9 +1,10 @@
 """Behaviour ported code relies on, as PyTorch/XLA 2.9 shows it: a clone's sharding, shard indices, the
-error types, is_spmd() and XLA_USE_SPMD, and the sharded-tensor helpers (wrap_if_sharded,
-wrap_as_sharded_tensor, load_local_shards_)."""
+error types, is_spmd() and XLA_USE_SPMD, the sharded-tensor helpers (wrap_if_sharded,
+wrap_as_sharded_tensor, unwrap_sharded_tensor, load_local_shards_) and the einsum nn.Linear patch."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -90,6 +91,7 @@ def test_is_spmd_follows_xla_use_spmd_at_each_call(fresh_device_state, monkeypat
 def test_wrap_if_sharded_and_wrap_as_sharded_tensor(engine):
     t = xs.mark_sharding(torch.ones(8, 2).to("pjrt"), _mesh(), ("data", None))
     assert xs.wrap_if_sharded(t) is t
+    assert xs.unwrap_sharded_tensor(xs.wrap_if_sharded(t)) is t and xs.unwrap_sharded_tensor(3) == 3
     assert xs.wrap_if_sharded(3) == 3
     plain = torch.zeros(4)
     assert xs.wrap_if_sharded(plain) is plain
@@ -128,3 +130,24 @@ def test_load_local_shards_replaces_each_devices_shard_in_place(engine):
     with pytest.raises(ShardingError, match="mark_sharding it first"):
         torch.zeros(4).to("pjrt").load_local_shards_([])
     assert torch.equal(p.cpu(), -t)  # the failed loads changed nothing
+
+
+def test_the_einsum_linear_patch_keeps_the_parameters_and_trains_like_nn_linear(engine):
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(16, 3)))
+    model = copy.deepcopy(ref).to("pjrt")
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    xs.mark_sharding(model[0].weight, mesh, ("model", None))
+    weight, bias, spec = model[0].weight, model[2][0].bias, model[0].weight.sharding_spec
+    assert xs.apply_xla_patch_to_nn_linear(model) is model
+    assert type(model[0]) is xs.EinsumLinear and type(model[2][0]) is xs.EinsumLinear
+    assert model[0].weight is weight and model[2][0].bias is bias  # the same Parameters: optimizers keep them
+    assert spec.startswith("{devices=[4,1,2]") and model[0].weight.sharding_spec == spec
+    x = torch.randn(8, 5, 6)
+    for side, net, data in (("cpu", ref, x), ("pjrt", model, xs.mark_sharding(x.to("pjrt"), mesh, ("data", None, None)))):
+        net(data).square().mean().backward()
+    for (name, got), want in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-5, atol=1e-6, msg=name)
+    y = xs.xla_patched_nn_linear_forward(model[0], x[0].to("pjrt"))
+    torch.testing.assert_close(y.cpu(), ref[0](x[0]), rtol=1e-5, atol=1e-6)

@@ -28,6 +28,7 @@ from ..errors import (
 )
 from . import devices as _devices
 from .collectives import disable_manual_sharding, enable_manual_sharding
+from .einsum_linear import EinsumLinear, XLAPatchedLinear, apply_xla_patch_to_nn_linear, xla_patched_nn_linear_forward
 from .devices import (
     HybridMesh,
     Mesh,
@@ -57,6 +58,7 @@ from .frontend import (
     mark_sharding_with_gradients,
     shard_as,
     to_device,
+    unwrap_sharded_tensor,
     wrap_as_sharded_tensor,
     wrap_if_sharded,
 )
@@ -78,6 +80,7 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
     )
 
 __all__ = [
+    "EinsumLinear",
     "HybridMesh",
     "InputShardingError",
     "MarkShardingFunction",
@@ -95,9 +98,11 @@ __all__ = [
     "VirtualDevice",
     "VirtualDeviceError",
     "XLAShard",
+    "XLAPatchedLinear",
     "XLAShardedTensor",
     "annotate_custom_sharding",
     "apply_backward_optimization_barrier",
+    "apply_xla_patch_to_nn_linear",
     "auto_policy",
     "clear_compile_cache",
     "clear_sharding",
@@ -129,12 +134,14 @@ __all__ = [
     "sync",
     "to_device",
     "transfer_counters",
+    "unwrap_sharded_tensor",
     "use_spmd",
     "virtual_device",
     "wrap_as_sharded_tensor",
     "wrap_if_sharded",
     "xla_distribute_module",
     "xla_distribute_tensor",
+    "xla_patched_nn_linear_forward",
 ]
 
 

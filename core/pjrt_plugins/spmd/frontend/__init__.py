@@ -10,7 +10,7 @@ engine half loads through ``_seam`` on the first operator. Not a public API: use
 from __future__ import annotations
 
 from . import _factories  # noqa: F401  (registers the device's factory and copy kernels)
-from ._annotate import clear_sharding, to_device, wrap_as_sharded_tensor, wrap_if_sharded
+from ._annotate import clear_sharding, to_device, unwrap_sharded_tensor, wrap_as_sharded_tensor, wrap_if_sharded
 from ._constraints import MarkShardingFunction, apply_backward_optimization_barrier
 from ._input_sharding import InputSharding, ShardingSpec, check_input_sharding, send_cpu_data_to_device
 from ._seam import engine, loaded_engine
@@ -49,5 +49,6 @@ __all__ = [
     "unwrap",
     "wrap",
     "wrap_as_sharded_tensor",
+    "unwrap_sharded_tensor",
     "wrap_if_sharded",
 ]

@@ -124,3 +124,14 @@ def wrap_if_sharded(x: Any) -> Any:
         out = xs.wrap_if_sharded(model(x))   # the same tensor
     """
     return x
+
+
+def unwrap_sharded_tensor(x: Any) -> Any:
+    """``x`` itself: PyTorch/XLA unwraps an :class:`XLAShardedTensor` into its global XLA tensor, and here the
+    sharded tensor is the global tensor (``x.cpu()`` gathers it). Kept so ported code runs.
+
+    Example::
+
+        out = xs.unwrap_sharded_tensor(xs.wrap_if_sharded(y))   # y
+    """
+    return x
