@@ -1,11 +1,11 @@
-"""Train with FSDPv2-style sharding, checkpoint asynchronously, and resume where a stopped run left off.
+"""Train with FSDPv2 and sharded input loading, checkpoint asynchronously, and resume where a stopped run left off.
 
     python examples/fsdpv2_checkpoint.py --steps 20          # trains, saving every 5 steps
     python examples/fsdpv2_checkpoint.py --steps 40          # resumes from step 20, trains to 40
     PJRT_DEVICE=cuda python examples/fsdpv2_checkpoint.py --plugin default
 
-Every parameter is split along its first dimension over the mesh's "fsdp" axis, and each batch along
-its rows over the same axis (FSDPv2, as PyTorch/XLA's SpmdFullyShardedDataParallel lays it out). A
+SpmdFullyShardedDataParallel (FSDPv2) splits every parameter over the mesh's "fsdp" axis, and an
+MpDeviceLoader uploads each batch on a background thread, each device receiving its rows only. A
 CheckpointManager saves every --save-every steps on a background thread while training goes on,
 keeps the last --keep checkpoints, and a new run restores the latest one: model, optimizer, the
 step, and the CPU and device RNG states (the model has dropout), so the resumed run computes what
@@ -28,6 +28,10 @@ from pjrt_plugins.spmd.distributed_checkpoint import (  # torch_xla.experimental
     CheckpointManager,
     prime_optimizer,
 )
+from pjrt_plugins.spmd.parallel_loader import MpDeviceLoader  # torch_xla.distributed.parallel_loader
+from pjrt_plugins.spmd.spmd_fully_sharded_data_parallel import (  # torch_xla.experimental.spmd_fully_...
+    SpmdFullyShardedDataParallel as FSDPv2,
+)
 
 FEATURES, HIDDEN, CLASSES = 32, 200, 10  # 200 and 10 rows do not split evenly over 8 devices: fine
 
@@ -43,12 +47,12 @@ class Classifier(nn.Module):
         return self.fc2(self.drop(F.gelu(self.fc1(x))))
 
 
-def batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(step: int, size: int) -> dict[str, torch.Tensor]:
     """A synthetic batch: the class is which of the first CLASSES features is largest. Step ``step`` always
     gets the same batch, whatever happened before (so a resumed run sees the data it would have)."""
     g = torch.Generator().manual_seed(step)
     x = torch.randn(size, FEATURES, generator=g)
-    return x, x[:, :CLASSES].argmax(dim=1)
+    return {"x": x, "y": x[:, :CLASSES].argmax(dim=1)}
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -70,9 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mesh = xs.Mesh(range(devices), (devices,), ("fsdp",))  # xs.get_1d_mesh("fsdp")
 
     torch.manual_seed(0)
-    model = Classifier().to("pjrt")  # torch_xla.device()
-    for param in model.parameters():  # FSDPv2: each parameter's first dimension over "fsdp"
-        xs.mark_sharding(param, mesh, ("fsdp",) + (None,) * (param.dim() - 1))
+    model = FSDPv2(Classifier(), mesh=mesh)  # on pjrt, each parameter split over "fsdp"; outputs by batch
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
 
     manager = CheckpointManager(args.ckpt_dir, save_interval=args.save_every, max_to_keep=args.keep)
@@ -91,11 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"resumed from step {start} ({args.ckpt_dir}/{start})")
 
     model.train()
-    for step in range(start + 1, args.steps + 1):
-        x, y = batch(step, args.batch)
-        x = xs.mark_sharding(x.to("pjrt"), mesh, ("fsdp", None))  # each device receives its rows only
-        y = xs.mark_sharding(y.to("pjrt"), mesh, ("fsdp",))
-        loss = F.cross_entropy(model(x), y)
+    steps = range(start + 1, args.steps + 1)
+    loader = MpDeviceLoader([batch(step, args.batch) for step in steps], xs.device(), input_sharding={
+        "x": xs.ShardingSpec(mesh, ("fsdp", None)), "y": xs.ShardingSpec(mesh, ("fsdp",))})  # rows over fsdp
+    for step, data in zip(steps, loader):
+        loss = F.cross_entropy(model(data["x"]), data["y"])
         loss.backward()
         optim.step()
         optim.zero_grad()
