@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import functools
 import gc
-import math
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from pjrt_plugins.spmd.fsdp_wrap import (
 from pjrt_plugins.spmd.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 from pjrt_plugins.spmd.spmd_fully_sharded_data_parallel import parameter_partition_spec
 
-from _exec_support import assert_close, engine  # noqa: F401
+from _exec_support import Block, assert_close, engine  # noqa: F401
 
 STEPS = 3
 ROW = "{devices=[8,1]0,1,2,3,4,5,6,7}"
@@ -46,25 +45,6 @@ class SimpleLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.relu(self.fc1(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-        att = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class TinyGPT(nn.Module):

@@ -8,7 +8,6 @@ checkpointing; bf16 autocast. Each starts from the same weights as its CPU twin 
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
@@ -18,33 +17,9 @@ from torch.utils.checkpoint import checkpoint
 
 import pjrt_plugins.spmd as xs
 
-from _exec_support import assert_close, engine  # noqa: F401
+from _exec_support import Block, assert_close, engine  # noqa: F401
 
 STEPS = 3
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        # No qkv bias: the key bias's gradient is zero up to rounding (softmax ignores a shift), and Adam
-        # would blow that noise, which differs between any two backends, up to full steps.
-        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def attention(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-        att = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.ln1(x))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class GPT(nn.Module):
