@@ -26,6 +26,7 @@ from ..lowering import (
 from ._state import ENGINE
 
 __all__ = [
+    "FILL_OPS",
     "LIFTED_OPS",
     "SPECIAL_VALUES",
     "OpInfo",
@@ -47,6 +48,10 @@ LIFTED_OPS = frozenset({"add", "sub", "rsub", "mul", "div", "pow", "clamp", "cla
                         "sgd_step"})
 #: Floats that stay constants in the program even for lifting ops (lowerings special-case them).
 SPECIAL_VALUES = frozenset({0.0, 1.0, -1.0, 2.0, 3.0, 0.5, -0.5})
+#: Ops that fill their result with one value, converted to the result's dtype: their int and bool fill values
+#: become run-time scalars too (``torch.full((B,), is_done)``, a step counter), except the ints 0 and 1 that
+#: ``torch.zeros``/``torch.ones`` fill with (constants XLA folds).
+FILL_OPS = frozenset({"full", "full_like", "new_full", "fill"})
 _FOREACH_PREFIX = "_foreach_"
 _CAMEL_HUMP = re.compile(r"(?<=[a-z])([A-Z])")
 _MASK_PROBE = torch.empty(0, dtype=torch.bool)
@@ -64,7 +69,7 @@ _MASKABLE = frozenset({aten.index.Tensor, aten.index_put.default, aten._index_pu
 class OpInfo:
     """What the tracer needs to know about one operator, worked out once per process (see :func:`op_info`)."""
 
-    __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "is_view",
+    __slots__ = ("func", "id", "name", "node_name", "inplace", "functional", "recordable", "lifts", "fills", "is_view",
                  "foreach", "is_overload", "out_variant", "maskable", "inplace_view", "defaults", "random",
                  "decomposition", "whole", "strided")
 
@@ -83,6 +88,7 @@ class OpInfo:
         packet = getattr(func, "overloadpacket", None)
         base = packet.__name__ if packet is not None else ""
         self.lifts = base.removeprefix(_FOREACH_PREFIX) in LIFTED_OPS
+        self.fills = base in FILL_OPS
         self.is_view = bool(getattr(func, "is_view", False))
         self.out_variant = is_out_variant(func)
         # Indexing that a boolean mask makes data-dependent (asked once, with a mask).

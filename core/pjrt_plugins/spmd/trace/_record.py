@@ -44,6 +44,7 @@ _LAZY, _HOST, _DEVICE = TensorState.LAZY, TensorState.HOST, TensorState.DEVICE
 _META = torch.device("meta")
 _BARE_CONSTANTS = frozenset({str, torch.dtype, torch.device, torch.layout, torch.memory_format})
 _INF = float("inf")
+_EXACT = 2**53  # ints up to this size are exact in the float64 vector of run-time scalars
 
 
 
@@ -93,13 +94,15 @@ class _Unique:
     __slots__ = ()
 
 
-def _key(trace: Trace, value: Any, lift: bool) -> Any:
-    """The key of one operator argument (see ``_trace``); registers inputs and run-time scalars."""
+def _key(trace: Trace, value: Any, lift: bool, fill: bool = False) -> Any:
+    """The key of one operator argument (see ``_trace``); registers inputs and run-time scalars. ``lift``: its
+    floats become run-time scalars; ``fill``: a fill op's value, whose ints and bools do too (``_lift_exact``)."""
     kind = type(value)
     if kind is _tensor_type:
         return _ref(trace, value._pjrt_data)
     if kind is int:
-        return (int, value)
+        return _lift_exact(trace, value, int) if fill and value not in (0, 1) and -_EXACT <= value <= _EXACT \
+            else (int, value)
     if kind is float:
         if lift and value not in SPECIAL_VALUES and value == value and value != _INF and value != -_INF:
             trace.scalars.append(value)
@@ -109,7 +112,7 @@ def _key(trace: Trace, value: Any, lift: bool) -> Any:
         return (kind, tuple([(int, v) if type(v) is int else _ref(trace, v._pjrt_data) if type(v) is _tensor_type
                              else _ref(trace, v) if type(v) is TensorData else _key(trace, v, lift) for v in value]))
     if kind is bool:
-        return (bool, value)
+        return _lift_exact(trace, value, bool) if fill else (bool, value)
     if value is None or kind in _BARE_CONSTANTS:
         return value
     if isinstance(value, _tensor_type):
@@ -121,6 +124,13 @@ def _key(trace: Trace, value: Any, lift: bool) -> Any:
     if isinstance(value, (list, tuple)):  # torch.Size, named tuples
         return (tuple, tuple([_key(trace, v, lift) for v in value]))
     return (_Unique(), value)
+
+
+def _lift_exact(trace: Trace, value: int, kind: type) -> tuple:
+    """An int or bool fill value as a run-time scalar: the key keeps its type, which the result's dtype may
+    follow (``torch.full(size, True)`` is a bool tensor); the float64 scalar holds it exactly (``_EXACT``)."""
+    trace.scalars.append(value)
+    return (ScalarSlot, len(trace.scalars) - 1, kind)
 
 
 def key_value(key: Any, nodes: list[Any], scalars: list[float]) -> Any:
@@ -254,6 +264,7 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
         trace = ENGINE.current_trace()
     tensor_type = _tensor_type
     lift = info.lifts and _lifts_here(args, kwargs)
+    fill = info.fills
     keys = []
     for a in args:  # _key, with its most common case (a tensor of this trace) inline
         if type(a) is tensor_type:
@@ -262,10 +273,11 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
             keys.append(value.index if value is not None and value.trace is trace and data.state is _LAZY
                         else _ref(trace, data))
         else:
-            keys.append(_key(trace, a, lift))
+            keys.append(_key(trace, a, lift, fill))
     if info.is_view and not kwargs and info.func in _NARROWING and type(keys[0]) is int:
         keys = _narrow_through_cat(trace, info.func is _SELECT, keys)
-    entry = (info.id, tuple(keys), tuple([(k, _key(trace, v, lift)) for k, v in kwargs.items()]) if kwargs else ())
+    entry = (info.id, tuple(keys),
+             tuple([(k, _key(trace, v, lift, fill)) for k, v in kwargs.items()]) if kwargs else ())
     cursor = trace.cursor
     step = cursor.next.get(entry)
     if step is None:

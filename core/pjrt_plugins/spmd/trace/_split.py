@@ -154,7 +154,7 @@ def _replay(old: Trace, keep: list[int], external: dict[int, TensorData]) -> tup
         tag = key[0]
         if tag is ScalarSlot:
             new.scalars.append(old.scalars[key[1]])
-            return (ScalarSlot, len(new.scalars) - 1)
+            return (ScalarSlot, len(new.scalars) - 1, *key[2:])  # an int or bool keeps its type
         if tag is list or tag is tuple:
             return (tag, tuple([remap(k) for k in key[1]]))
         return key
