@@ -255,8 +255,8 @@ def test_llama_decodes_with_a_kv_cache_under_torch_compile_like_cpu_eager(cpu8, 
 
 def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
     """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, and once
-    warm, a longer answer compiles no more programs than a shorter one (the decode step is one program; only the
-    final ``input_ids`` of a new length is new)."""
+    warm, an answer of any length compiles nothing (the decode step is one program; the final ``input_ids`` is
+    put together on the host; the last call's leftover ``cat`` is dropped, not run)."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
     ref = CASES["llama"].build().eval()
@@ -275,4 +275,4 @@ def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
         assert torch.equal(got.cpu(), want), f"{new_tokens} new tokens"
         compiles[new_tokens] = xs.metrics().compiles - before
     assert xs.metrics().fallbacks == 0
-    assert compiles[16] <= compiles[8] <= 2, f"programs compiled per generate call after the first: {compiles}"
+    assert compiles[8] == compiles[16] == 0, f"programs compiled per generate call after the first: {compiles}"

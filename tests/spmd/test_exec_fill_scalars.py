@@ -46,10 +46,11 @@ def test_a_bool_flag_without_a_dtype_keeps_the_bool_dtype(engine):
     # MaxLengthCriteria: torch.full((B,), is_done) with is_done a Python bool; an int in the same place is int64.
     mask_p = _rows(torch.tensor([True, False] * 4))
     for value in (False, True, 5, 9, True):
-        got = (torch.full((8,), value, device="pjrt") | mask_p) if type(value) is bool else \
-            torch.full((8,), value, device="pjrt") + mask_p
-        want = (torch.full((8,), value) | mask_p.cpu()) if type(value) is bool else torch.full((8,), value) + mask_p.cpu()
-        got = got.cpu()
+        def combine(full: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return full | mask if type(value) is bool else full + mask
+
+        got = combine(torch.full((8,), value, device="pjrt"), mask_p).cpu()
+        want = combine(torch.full((8,), value), mask_p.cpu())
         assert got.dtype == want.dtype and torch.equal(got, want), value
 
 

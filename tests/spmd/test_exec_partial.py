@@ -85,3 +85,75 @@ def test_cheap_work_left_pending_runs_at_the_next_sync(engine):
     xs.sync()
     assert grown._pjrt_data.state is TensorState.DEVICE and trace.pending_ops() == 0
     assert_close("grown", grown.cpu(), torch.cat([x * 2, x], dim=1))
+
+
+def test_the_final_cat_of_any_length_is_read_without_a_program(engine):
+    # generate returns input_ids, the prompt with one cat per token: read on the host, no length compiles.
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 50, (8, 4), generator=g)
+    for length in (3, 5, 9):
+        tokens = [torch.randint(0, 50, (8,), generator=g) for _ in range(length)]
+        ids_p, ids = _rows(prompt), prompt
+        for t in tokens:
+            ids_p = torch.cat([ids_p, _rows(t)[:, None]], dim=1)
+            ids = torch.cat([ids, t[:, None]], dim=1)
+        before = xs.metrics()
+        got = ids_p.cpu()
+        after = xs.metrics()
+        assert (after.compiles - before.compiles, after.executions - before.executions) == (0, 0), length
+        assert torch.equal(got, ids) and torch.equal(ids_p.cpu(), ids)
+        assert ids_p._pjrt_data.state is TensorState.HOST
+        assert torch.equal((ids_p + 1).cpu(), ids + 1)  # host data feeds device ops as any host data
+
+
+@pytest.mark.parametrize("make", [
+    lambda a, b: torch.cat([a, b.t()], dim=0).transpose(0, 1)[1:],
+    lambda a, b: torch.cat([a[:, :1].expand(8, 3), b.reshape(8, 8)[:, 2:5]], dim=1).clone(),
+    lambda a, b: torch.stack([a, a], dim=0)[0].squeeze(),
+], ids=["transpose", "expand", "stack"])
+def test_data_moves_read_on_the_host_give_the_devices_values(engine, make):
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)
+    assert_close("moves", make(_rows(a), _rows(b)).cpu(), make(a, b))
+
+
+def test_values_that_compute_or_have_live_views_still_run_as_a_program(engine):
+    x = torch.randn(8, 4)
+    summed = torch.cat([_rows(x), _rows(x) * 2], dim=1)  # the product computes
+    joined = torch.cat([_rows(x), _rows(x)], dim=1)
+    view = joined[:, :2]  # a live view of the value read keeps it on the devices
+    before = xs.metrics().executions
+    assert_close("computed", summed.cpu(), torch.cat([x, x * 2], dim=1))
+    assert_close("with a view", joined.cpu(), torch.cat([x, x], dim=1))
+    assert xs.metrics().executions > before
+    assert joined._pjrt_data.state is TensorState.DEVICE
+    assert_close("the view", view.cpu(), x[:, :2])
+
+
+@pytest.mark.parametrize("read_result", [True, False], ids=["read", "dropped"])
+def test_the_leftover_cat_of_an_earlier_loop_does_not_make_the_next_loop_compile(engine, read_result):
+    # Two generate calls in a row: the first call's cat chain, still pending when its tensors die, is dropped
+    # when the next call first reads a value, instead of running (a program per earlier length).
+    prompt = torch.randint(0, 50, (8, 4), generator=torch.Generator().manual_seed(4))
+
+    def loop(steps: int) -> torch.Tensor:
+        ids_p = _rows(prompt)
+        assert not bool((ids_p < 0).any())  # a check before the loop (generate's on its special tokens)
+        for _ in range(steps):
+            nxt_p = ids_p[:, -1] + 1
+            ids_p = torch.cat([ids_p, nxt_p[:, None]], dim=1)
+            assert not bool((nxt_p > 1000).all())
+        return ids_p
+
+    compiles = []
+    for steps in (3, 4, 6, 5, 9):
+        before = xs.metrics().compiles
+        ids_p = loop(steps)
+        if read_result:
+            want = torch.cat([prompt] + [prompt[:, -1:] + k for k in range(1, steps + 1)], dim=1)
+            assert torch.equal(ids_p.cpu(), want)
+        del ids_p
+        compiles.append(xs.metrics().compiles - before)
+    assert compiles[2:] == [0, 0, 0], f"programs compiled per loop: {compiles}"
+    xs.sync()  # nothing live is left of the last loop's cats: nothing to run
+    assert trace.pending_ops() == 0

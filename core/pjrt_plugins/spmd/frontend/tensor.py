@@ -480,9 +480,11 @@ def materialize(datas: Sequence[TensorData]) -> None:
 
 
 def to_cpu(tensor: XLAShardedTensor) -> torch.Tensor:
-    """The global value of a pjrt tensor as a new CPU tensor (runs pending work, gathers shards)."""
+    """The global value of a pjrt tensor as a new CPU tensor (runs pending work, gathers shards; a small value
+    that only moves data of device values, such as ``generate``'s final ``cat``, is put together on the host)."""
     data = unwrap(tensor)
-    materialize([data])
+    if data.state is TensorState.LAZY and not _seam.engine().read_on_host(data):
+        materialize([data])
     return gather(data)
 
 

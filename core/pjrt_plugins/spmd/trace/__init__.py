@@ -9,6 +9,7 @@ Not a public API: use ``pjrt_plugins.spmd``.
 from __future__ import annotations
 
 from ._closures import add_step_closure, run_step_closures, wait_async_closures
+from ._host_read import read_on_host
 from ._inspect import lower_pending
 from ._manual import in_manual_region
 from ._materialize import last_run_timings, materialize, sync
@@ -59,6 +60,7 @@ __all__ = [
     "op_info",
     "pending_data",
     "pending_ops",
+    "read_on_host",
     "record",
     "record_data",
     "record_values",

@@ -63,7 +63,9 @@ def sync(wait: bool = True) -> None:
     with ENGINE.lock:
         trace = ENGINE.trace
         if trace is not None and trace.ops > 0:
-            _run(trace)
+            # A trace carried over from a partial run may hold dead entries of another length: run the live part.
+            if not (trace.carried and _run_part(trace, sorted(live_outputs(trace)))):
+                _run(trace)
     run_step_closures()  # outside the lock: closures read tensors, maybe from other threads
 
 
@@ -101,7 +103,7 @@ def _run_part(trace: Trace, wanted: list[int]) -> bool:
         trace.error = exc  # the rest's tensors still hold values of this trace: they raise with the cause
         raise
     rest = make_rest()
-    if was_current and ENGINE.trace is None:
+    if rest is not None and was_current and ENGINE.trace is None:
         ENGINE.trace = rest
     return True
 

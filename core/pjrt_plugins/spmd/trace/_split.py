@@ -41,15 +41,26 @@ CHEAP_OPS = frozenset({
 
 def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[TensorData]]) -> tuple[Trace, Any] | None:
     """The part of ``trace`` that ``wanted`` (entry indices) needs, as a new trace holding the live values it
-    computes, and the function that, once that part ran, makes the rest a new pending trace; None when the rest
-    is empty or not cheap (then the whole trace runs). ``holders``: the live tensors of each entry."""
-    if all(i in wanted for i in holders):  # nothing else is live: the whole trace runs
+    computes, and the function that, once that part ran, makes the rest a new pending trace (None when nothing
+    live is left); None when the rest is empty or not cheap (then the whole trace runs), except that a trace
+    with entries carried over from an earlier split runs without those no live value needs. ``holders``: the
+    live tensors of each entry."""
+    if all(i in wanted for i in holders) and not trace.carried:  # nothing else is live: the whole trace runs
         return None
     deps = [_dependencies(entry) for entry in trace.entries]
     needed = _closure(trace, wanted, deps)
     rest_roots = [i for i in holders if i not in needed]
     if not rest_roots:
-        return None
+        # Entries carried over from an earlier part whose tensors died since (the last call's growing cat):
+        # dropped, so that the program does not depend on how long that was.
+        if not trace.carried or len(needed) == len(trace.entries):
+            return None
+        first_only, kept = _replay(trace, sorted(needed), {})
+        for i in needed:
+            for data in holders.get(i, ()):
+                _repoint(data, first_only, kept[i])
+        logger.debug("dropped %d dead entries of %d", len(trace.entries) - len(needed), len(trace.entries))
+        return first_only, lambda: None
     rest = _closure(trace, rest_roots, deps, stop=needed)
     for i in rest:
         kind = trace.entries[i][0]
@@ -72,6 +83,7 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
 
     def make_rest() -> Trace:
         second, second_index = _replay(trace, sorted(rest), external)
+        second.carried = len(second.entries)
         for i in rest:
             for data in holders.get(i, ()):
                 _repoint(data, second, second_index[i])

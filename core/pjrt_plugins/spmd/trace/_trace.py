@@ -95,7 +95,7 @@ class Trace:
     """One pending trace: its entries (with output specs), inputs, run-time scalars and the tensors it feeds."""
 
     __slots__ = ("entries", "outs", "cursor", "inputs", "input_ids", "scalars", "rng", "values", "pins", "ops",
-                 "error", "done")
+                 "error", "done", "carried")
 
     def __init__(self, root: Step) -> None:
         self.entries: list[tuple] = []
@@ -113,3 +113,5 @@ class Trace:
         self.ops = 0
         self.error: BaseException | None = None
         self.done = False
+        #: How many entries it took over from a trace that ran in part (``_split``): those may be dead by now.
+        self.carried = 0
