@@ -7,11 +7,16 @@ made in turn (each length ``--rounds`` times, interleaved); for each the script 
 run (``xs.metrics()``), and the milliseconds per new token against torch's own CPU eager ``generate`` in the same
 process, whose tokens ours must equal.
 
+With ``--padded``, half the prompts start with three pad tokens and the call passes their attention mask:
+transformers then appends a column to the mask per token and every decode step reads all of it, so each new
+length still compiles a program (docs/missing.md).
+
 Why: a decode step must not be a new program per token (issue 29). The counts are the behaviour; the times
-measure only (never asserted). PyTorch/XLA 2.9 and torchax are not run here (their generate paths need their own
+measure only (never asserted). Without padding, a warm call of any length compiles nothing: the decode step
+is one program and the final ``input_ids`` is put together on the host. PyTorch/XLA 2.9 and torchax are not run here (their generate paths need their own
 environments); the issue's figure for PyTorch/XLA 2.9 with a static cache was 22 compiles for 8 tokens.
 
-Run: python benchmarks/hf_generate.py [--lengths 8,16,32] [--rounds 2]
+Run: python benchmarks/hf_generate.py [--lengths 8,16,32] [--rounds 2] [--padded]
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ BATCH = 8
 CACHE = 128
 
 
-def generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, cache: bool) -> torch.Tensor:
+def generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, cache: bool,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
     # use_cache: hf_step's config turns the cache off (for training), and generate follows the config.
     options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                   use_cache=True)
+                   use_cache=True, attention_mask=mask)
     if cache:
         options["cache"] = transformers.StaticCache(config=model.config, max_cache_len=CACHE)
     return model.generate(prompt, **options)
@@ -49,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="8,16,32", help="comma-separated numbers of new tokens")
     parser.add_argument("--rounds", type=int, default=2, help="calls per length (interleaved)")
+    parser.add_argument("--padded", action="store_true", help="pad half the prompts and pass the attention mask")
     args = parser.parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]
 
@@ -57,13 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     ref = build_model().eval()
     model = copy.deepcopy(ref).to("pjrt")
     prompt = torch.randint(1, ref.config.vocab_size, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
+    mask = mask_p = None
+    if args.padded:
+        mask = torch.ones_like(prompt)
+        mask[: BATCH // 2, :3] = 0
+        prompt = prompt * mask  # pad token 0
+        mask_p = xs.mark_sharding(mask.to("pjrt"), mesh, ("data", None))
     sharded = xs.mark_sharding(prompt.to("pjrt"), mesh, ("data", None))
-    print(f"Llama {ref.config.num_hidden_layers} layers, hidden {ref.config.hidden_size}, prompt {BATCH}x{PROMPT}, "
-          f"static cache of {CACHE}, 8 CPU devices; load {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"Llama {ref.config.num_hidden_layers} layers, hidden {ref.config.hidden_size}, prompt {BATCH}x{PROMPT}"
+          f"{' (half padded)' if args.padded else ''}, static cache of {CACHE}, 8 CPU devices; "
+          f"load {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
     before = xs.metrics()
     start = time.perf_counter()
-    generate(model, sharded, 4, True).cpu()
+    generate(model, sharded, 4, True, mask_p).cpu()
     after = xs.metrics()
     print(f"warm-up (4 new tokens): {after.compiles - before.compiles} programs compiled, "
           f"{after.executions - before.executions} run, {time.perf_counter() - start:.1f} s")
@@ -76,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in lengths:
             before = xs.metrics()
             start = time.perf_counter()
-            tokens = generate(model, sharded, n, True).cpu()
+            tokens = generate(model, sharded, n, True, mask_p).cpu()
             ours[n].append((time.perf_counter() - start) / n)
             after = xs.metrics()
             compiles[n].append(after.compiles - before.compiles)
             runs[n].append(after.executions - before.executions)
             start = time.perf_counter()
-            want = generate(ref, prompt, n, False)
+            want = generate(ref, prompt, n, False, mask)
             cpu[n].append((time.perf_counter() - start) / n)
             if not torch.equal(tokens, want):
                 raise SystemExit(f"{n} new tokens: ours differ from CPU eager's")
