@@ -22,9 +22,10 @@ alike, and the load average is printed. After the table: programs per step, and 
 counts of each side's optimized step program (HLO text: ours from the plugin, torchax from jax; PyTorch/XLA's is not
 read). Measures only; never asserts a timing.
 
-``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (with GSPMD shardings) for
-each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both programs on both compilers (the plugin's XLA and
-jaxlib's), which tells a slower program from a slower compiler.
+``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (each with its own
+partitioner's shardings, Shardy on both sides today) for each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both
+programs on both compilers (the plugin's XLA and jaxlib's), which tells a slower program from a slower compiler, and
+``hf_step_ops.py DIR/*.mlir`` splits each program's execution into its ops.
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
      [--meshes data,megatron] [--dump-programs DIR]
@@ -272,11 +273,8 @@ def torchax_worker(mesh_name: str, dump: str | None = None) -> int:
     train = jax.jit(step, in_shardings=(state_sharding, data, data),
                     out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=(0,))
     hlo = train.lower(state, ids, labels).compile().as_text()
-    if dump:  # StableHLO with GSPMD shardings, which the CPU plugin's XLA compiles too (xla_cross_compile.py)
-        from jax._src import config as jax_config
-
-        with jax_config.use_shardy_partitioner(False):
-            text = train.lower(state, ids, labels).as_text()
+    if dump:  # StableHLO with jax's shardings, which the CPU plugin's XLA compiles too (xla_cross_compile.py)
+        text = train.lower(state, ids, labels).as_text()  # jax's partitioner, as the timed step (Shardy)
         with open(os.path.join(dump, f"torchax-{mesh_name}.mlir"), "w") as f:
             f.write(text)
     loss = None
@@ -437,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an interpreter from benchmarks/envs/torchax-venv.sh (default: $TORCHAX_PYTHON; "
                              "none: skip it)")
     parser.add_argument("--dump-programs", default=None, metavar="DIR",
-                        help="write the StableHLO of our compiled step and of torchax's step (GSPMD shardings) per "
-                             "mesh into DIR, for xla_cross_compile.py")
+                        help="write the StableHLO of our compiled step and of torchax's step per mesh into DIR, "
+                             "for xla_cross_compile.py and hf_step_ops.py")
     parser.add_argument("--mesh", default="data", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torchax-worker", action="store_true", help=argparse.SUPPRESS)

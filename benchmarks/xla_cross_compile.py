@@ -9,8 +9,9 @@ runs each given module on both, on 8 CPU devices, in worker processes with round
 - "jaxlib XLA, no YNN fusions": the same with ``--xla_cpu_experimental_ynn_fusion_type=`` (jaxlib 0.10.2 fuses
   dots and reductions into YNNPACK kernels, which the plugin's XLA does not have).
 
-The modules are StableHLO text with GSPMD shardings (``mhlo.sharding``) for 8 partitions, such as those
-``hf_step.py --dump-programs DIR`` writes (ours, torchax's). Donation attributes are dropped, so the inputs (0.01
+The modules are StableHLO text for 8 partitions with GSPMD shardings (``mhlo.sharding``) or Shardy ones
+(``sdy.sharding`` over an ``sdy.mesh`` in device order), such as those ``hf_step.py --dump-programs DIR`` writes (ours,
+torchax's). Donation attributes are dropped, so the inputs (0.01
 for floats, zeros otherwise; the values do not change the work) are reused across calls. Each cell is the median
 of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures only.
 
@@ -61,8 +62,53 @@ def arguments(text: str) -> list[tuple[tuple[int, ...], str, str]]:
             raise ValueError(f"cannot read the argument type in {chunk[:80]!r}")
         *dims, element = match.group(1).split("x")
         sharding = re.search(r'mhlo\.sharding = "([^"]*)"', chunk)
-        out.append((tuple(int(d) for d in dims), _DTYPES[element], sharding.group(1) if sharding else "{replicated}"))
+        sdy = re.search(r"sdy\.sharding = #sdy\.sharding<@(\w+), \[(.*?)\]( replicated=\{[^}]*\})?>", chunk)
+        if sharding:
+            hlo = sharding.group(1)
+        elif sdy:
+            hlo = sdy_to_hlo(_sdy_meshes(text)[sdy.group(1)], re.findall(r"\{([^}]*)\}", sdy.group(2)))
+        else:
+            hlo = "{replicated}"
+        out.append((tuple(int(d) for d in dims), _DTYPES[element], hlo))
     return out
+
+
+def uses_shardy(text: str) -> bool:
+    """Whether the module carries Shardy shardings (it must then be partitioned by Shardy, not GSPMD)."""
+    return "sdy.mesh @" in text
+
+
+def _sdy_meshes(text: str) -> dict[str, list[tuple[str, int]]]:
+    """The Shardy meshes a module declares (``sdy.mesh @mesh = <["data"=2, "model"=4]>``): name -> axes."""
+    meshes = {}
+    for name, body, rest in re.findall(r"sdy\.mesh @(\w+) = <\[([^\]]*)\]([^>]*)>", text):
+        if "device_ids" in rest:
+            raise ValueError(f"mesh @{name} lists its device ids; only meshes in device order are read")
+        meshes[name] = [(axis, int(size)) for axis, size in re.findall(r'"(\w+)"=(\d+)', body)]
+    return meshes
+
+
+def sdy_to_hlo(mesh: list[tuple[str, int]], dims: list[str]) -> str:
+    """A Shardy argument sharding (the axes of each dimension, e.g. ``['"data"', '']``, over ``mesh``'s axes in
+    device order) as the HLO sharding string ``parse_sharding`` reads (the iota form with a transpose)."""
+    sizes = dict(mesh)
+    order = [a for a, _ in mesh]
+    per_dim = [re.findall(r'"(\w+)"', d) for d in dims]
+    used = [a for axes in per_dim for a in axes]
+    if not used:
+        return "{replicated}"
+    rest = [a for a in order if a not in used]
+    tiles = [1] * len(per_dim)
+    for i, axes in enumerate(per_dim):
+        for a in axes:
+            tiles[i] *= sizes[a]
+    replicate = 1
+    for a in rest:
+        replicate *= sizes[a]
+    perm = [order.index(a) for a in used + rest]
+    tile_text = ",".join(str(t) for t in tiles + ([replicate] if rest else []))
+    iota = f"<=[{','.join(str(s) for _, s in mesh)}]" + (f"T({','.join(map(str, perm))})" if perm != sorted(perm) else "")
+    return "{devices=[" + tile_text + "]" + iota + (" last_tile_dim_replicate" if rest else "") + "}"
 
 
 def _value(shape: tuple[int, ...], dtype: str) -> Any:
@@ -83,6 +129,7 @@ def plugin_runner(text: str) -> Callable[[], None]:
     xs.set_plugin("cpu", options={"cpu_device_count": DEVICES})
     vd = xs.virtual_device()
     exe = vd.client.compile(text, CompileOptions(num_replicas=1, num_partitions=DEVICES, use_spmd_partitioning=True,
+                                                 use_shardy_partitioner=uses_shardy(text),
                                                  device_assignment=[list(vd.device_assignment)]))
     per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
     for shape, dtype, sharding in arguments(text):
@@ -113,6 +160,7 @@ def jaxlib_runner(text: str) -> Callable[[], None]:
     options = xc.CompileOptions()
     build = options.executable_build_options
     build.num_replicas, build.num_partitions, build.use_spmd_partitioning = 1, DEVICES, True
+    build.use_shardy_partitioner = uses_shardy(text)
     build.device_assignment = xc.DeviceAssignment.create(np.arange(DEVICES).reshape(1, DEVICES))
     exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
     arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
@@ -154,7 +202,7 @@ COMPILERS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="+", help="StableHLO text files (GSPMD shardings, 8 partitions)")
+    parser.add_argument("modules", nargs="+", help="StableHLO text files (GSPMD or Shardy shardings, 8 partitions)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5, help="calls per round, module and compiler")
     parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
