@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(paths)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{len(paths)} modules on jaxlib's XLA, {DEVICES} CPU devices; {os.cpu_count()} cpus, load {load}", flush=True)
+    print(f"{len(paths)} modules on jaxlib's XLA, {DEVICES} CPU devices; {os.cpu_count()} cpus, load {load}",
+          flush=True)
     flags = " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={DEVICES}"]).strip()
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"}
     results: dict[str, list[dict[str, Any]]] = {}

@@ -12,10 +12,12 @@ runs each given module on both, on 8 CPU devices, in worker processes with round
 The modules are StableHLO text for 8 partitions with GSPMD shardings (``mhlo.sharding``) or Shardy ones
 (``sdy.sharding`` over an ``sdy.mesh`` in device order), such as those ``hf_step.py --dump-programs DIR`` writes (ours,
 torchax's). Donation attributes are dropped, so the inputs (0.01
-for floats, zeros otherwise; the values do not change the work) are reused across calls. Each cell is the median
-of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures only.
+for floats, zeros otherwise; the values do not change the work) are reused across calls. ``--donate`` keeps them
+(inputs aliased to outputs, as the timed steps of jax run) and places fresh inputs before each call, untimed.
+Each cell is the median of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures
+only.
 
-Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5]
+Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5] [--donate]
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ _DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat
            "i8": "int8", "i1": "bool", "ui8": "uint8", "ui32": "uint32", "ui64": "uint64"}
 
 
-def prepare(text: str) -> str:
-    """The module without its donation attributes (our timing loop reuses the inputs)."""
+def prepare(text: str, donate: bool = False) -> str:
+    """The module without its donation attributes (our timing loop reuses the inputs), or as it is (``donate``)."""
+    if donate:
+        return text
     donation = r"(tf\.aliasing_output = \d+ : i32|jax\.buffer_donor = true)"
     text = re.sub(rf"\s*\{{{donation}\}}", "", text)
     text = re.sub(rf",\s*{donation}", "", text)
@@ -107,7 +111,9 @@ def sdy_to_hlo(mesh: list[tuple[str, int]], dims: list[str]) -> str:
         replicate *= sizes[a]
     perm = [order.index(a) for a in used + rest]
     tile_text = ",".join(str(t) for t in tiles + ([replicate] if rest else []))
-    iota = f"<=[{','.join(str(s) for _, s in mesh)}]" + (f"T({','.join(map(str, perm))})" if perm != sorted(perm) else "")
+    iota = f"<=[{','.join(str(s) for _, s in mesh)}]"
+    if perm != sorted(perm):
+        iota += f"T({','.join(map(str, perm))})"
     return "{devices=[" + tile_text + "]" + iota + (" last_tile_dim_replicate" if rest else "") + "}"
 
 
@@ -121,8 +127,9 @@ def _value(shape: tuple[int, ...], dtype: str) -> Any:
     return np.full(shape, 0.01, dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
 
 
-def plugin_runner(text: str) -> Callable[[], None]:
-    """``text`` compiled by the CPU plugin's XLA through pjrt_plugins; a call runs it and drops the outputs."""
+def plugin_runner(text: str, donate: bool = False) -> Callable[[], float]:
+    """``text`` compiled by the CPU plugin's XLA through pjrt_plugins; a call runs it, drops the outputs and returns
+    the seconds the execute took (with ``donate``, fresh inputs are uploaded before it, untimed)."""
     import pjrt_plugins.spmd as xs
     from pjrt_plugins.runtime import CompileOptions
 
@@ -131,24 +138,35 @@ def plugin_runner(text: str) -> Callable[[], None]:
     exe = vd.client.compile(text, CompileOptions(num_replicas=1, num_partitions=DEVICES, use_spmd_partitioning=True,
                                                  use_shardy_partitioner=uses_shardy(text),
                                                  device_assignment=[list(vd.device_assignment)]))
-    per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
-    for shape, dtype, sharding in arguments(text):
-        value = _value(shape, dtype)
-        for shard in xs.parse_sharding(sharding).shards(shape, vd.device_ids):
-            piece = value if shard.indices is Ellipsis else value[shard.indices]
-            per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
     ordinal_of = {int(d.id): ordinal for ordinal, d in enumerate(vd.devices)}
-    args = [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
 
-    def run() -> None:
+    def upload() -> list[list[Any]]:
+        per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
+        for shape, dtype, sharding in arguments(text):
+            value = _value(shape, dtype)
+            for shard in xs.parse_sharding(sharding).shards(shape, vd.device_ids):
+                piece = value if shard.indices is Ellipsis else value[shard.indices]
+                per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
+        return [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
+
+    args = upload()
+
+    def run() -> float:
+        nonlocal args
+        if donate:
+            args = upload()
+        t0 = time.perf_counter()
         outputs = exe.execute(args)
+        seconds = time.perf_counter() - t0
         del outputs
+        return seconds
 
     return run
 
 
-def jaxlib_runner(text: str) -> Callable[[], None]:
-    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it and waits for it."""
+def jaxlib_runner(text: str, donate: bool = False) -> Callable[[], float]:
+    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it, waits for it and returns
+    the seconds that took (with ``donate``, fresh inputs are placed before it, untimed)."""
     import jax
     import numpy as np
     from jax._src import xla_bridge
@@ -163,20 +181,31 @@ def jaxlib_runner(text: str) -> Callable[[], None]:
     build.use_shardy_partitioner = uses_shardy(text)
     build.device_assignment = xc.DeviceAssignment.create(np.arange(DEVICES).reshape(1, DEVICES))
     exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
-    arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
-              for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
+    def place() -> list[Any]:
+        arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
+                  for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
+        for a in arrays:
+            a.block_until_ready()
+        return arrays
 
-    def run() -> None:
+    arrays = place()
+
+    def run() -> float:
+        nonlocal arrays
+        if donate:
+            arrays = place()
+        t0 = time.perf_counter()
         for pieces in exe.execute_sharded(arrays).disassemble_into_single_device_arrays():
             for piece in pieces:
                 piece.block_until_ready()
+        return time.perf_counter() - t0
 
     return run
 
 
-def worker(kind: str, paths: list[str]) -> int:
+def worker(kind: str, paths: list[str], donate: bool = False) -> int:
     make = plugin_runner if kind == "plugin" else jaxlib_runner
-    runners = {path: make(prepare(Path(path).read_text())) for path in paths}
+    runners = {path: make(prepare(Path(path).read_text(), donate), donate) for path in paths}
     for run in runners.values():
         run()
         run()
@@ -185,9 +214,7 @@ def worker(kind: str, paths: list[str]) -> int:
         run = runners[words[1]]
         times = []
         for _ in range(int(words[2])):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
+            times.append(run())
         return {"ms": statistics.median(times) * 1e3}
 
     return serve_commands({"ready": len(runners)}, handle)
@@ -205,12 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="+", help="StableHLO text files (GSPMD or Shardy shardings, 8 partitions)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5, help="calls per round, module and compiler")
+    parser.add_argument("--donate", action="store_true",
+                        help="keep the modules' donation attributes (inputs aliased to outputs); fresh inputs are "
+                             "placed before each call, untimed")
     parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     paths = [str(Path(p).resolve()) for p in args.modules]
     if args.worker:
-        return worker(args.worker, paths)
-    print(f"{len(paths)} modules on {DEVICES} CPU devices; {os.cpu_count()} cpus, load "
+        return worker(args.worker, paths, args.donate)
+    print(f"{len(paths)} modules on {DEVICES} CPU devices{', donating' if args.donate else ''}; {os.cpu_count()} cpus, "
+          "load "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     workers: dict[str, Worker] = {}
     try:
@@ -219,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                               env.get("XLA_FLAGS", "")]).strip()
             extra = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"} if kind == "jaxlib" else {}
             t0 = time.perf_counter()
-            workers[name] = Worker(__file__, paths, flag=f"--worker={kind}", python=sys.executable, env=extra)
+            workers[name] = Worker(__file__, [*paths, *(["--donate"] if args.donate else [])], flag=f"--worker={kind}",
+                                   python=sys.executable, env=extra)
             print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         results: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
