@@ -12,8 +12,9 @@ runs each given module on both, on 8 CPU devices, in worker processes with round
 The modules are StableHLO text for 8 partitions with GSPMD shardings (``mhlo.sharding``) or Shardy ones
 (``sdy.sharding`` over an ``sdy.mesh`` in device order), such as those ``hf_step.py --dump-programs DIR`` writes (ours,
 torchax's). Donation attributes are dropped, so the inputs (0.01
-for floats, zeros otherwise; the values do not change the work) are reused across calls. ``--donate`` keeps them
-(inputs aliased to outputs, as the timed steps of jax run) and places fresh inputs before each call, untimed.
+for floats, zeros otherwise; the values do not change the work) are reused across calls. ``--donate`` adds the
+column "plugin XLA, donating": the modules as they are (``tf.aliasing_output``: inputs aliased to outputs, as jax
+donates a step's state), each call's aliased outputs fed back as the next call's inputs, as a training loop does.
 Each cell is the median of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures
 only.
 
@@ -127,9 +128,21 @@ def _value(shape: tuple[int, ...], dtype: str) -> Any:
     return np.full(shape, 0.01, dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
 
 
+def aliases(text: str) -> dict[int, int]:
+    """``{argument: output}`` of the module's donated arguments (``tf.aliasing_output``)."""
+    start = text.index("func.func public @main(")
+    signature = text[start:text.index("{\n", start)]
+    out = {}
+    for chunk in signature.split("%arg")[1:]:
+        number, alias = re.match(r"(\d+):", chunk), re.search(r"tf\.aliasing_output = (\d+) : i32", chunk)
+        if number and alias:
+            out[int(number.group(1))] = int(alias.group(1))
+    return out
+
+
 def plugin_runner(text: str, donate: bool = False) -> Callable[[], float]:
     """``text`` compiled by the CPU plugin's XLA through pjrt_plugins; a call runs it, drops the outputs and returns
-    the seconds the execute took (with ``donate``, fresh inputs are uploaded before it, untimed)."""
+    the seconds the execute took (with ``donate``, the donated arguments' outputs become the next call's inputs)."""
     import pjrt_plugins.spmd as xs
     from pjrt_plugins.runtime import CompileOptions
 
@@ -138,35 +151,32 @@ def plugin_runner(text: str, donate: bool = False) -> Callable[[], float]:
     exe = vd.client.compile(text, CompileOptions(num_replicas=1, num_partitions=DEVICES, use_spmd_partitioning=True,
                                                  use_shardy_partitioner=uses_shardy(text),
                                                  device_assignment=[list(vd.device_assignment)]))
+    per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
+    for shape, dtype, sharding in arguments(text):
+        value = _value(shape, dtype)
+        for shard in xs.parse_sharding(sharding).shards(shape, vd.device_ids):
+            piece = value if shard.indices is Ellipsis else value[shard.indices]
+            per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
     ordinal_of = {int(d.id): ordinal for ordinal, d in enumerate(vd.devices)}
-
-    def upload() -> list[list[Any]]:
-        per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
-        for shape, dtype, sharding in arguments(text):
-            value = _value(shape, dtype)
-            for shard in xs.parse_sharding(sharding).shards(shape, vd.device_ids):
-                piece = value if shard.indices is Ellipsis else value[shard.indices]
-                per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
-        return [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
-
-    args = upload()
+    args = [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
+    fed_back = aliases(text) if donate else {}
 
     def run() -> float:
-        nonlocal args
-        if donate:
-            args = upload()
         t0 = time.perf_counter()
         outputs = exe.execute(args)
         seconds = time.perf_counter() - t0
+        for row, out in zip(args, outputs):
+            for i, j in fed_back.items():
+                row[i] = out[j]
         del outputs
         return seconds
 
     return run
 
 
-def jaxlib_runner(text: str, donate: bool = False) -> Callable[[], float]:
+def jaxlib_runner(text: str) -> Callable[[], float]:
     """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it, waits for it and returns
-    the seconds that took (with ``donate``, fresh inputs are placed before it, untimed)."""
+    the seconds that took."""
     import jax
     import numpy as np
     from jax._src import xla_bridge
@@ -181,19 +191,10 @@ def jaxlib_runner(text: str, donate: bool = False) -> Callable[[], float]:
     build.use_shardy_partitioner = uses_shardy(text)
     build.device_assignment = xc.DeviceAssignment.create(np.arange(DEVICES).reshape(1, DEVICES))
     exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
-    def place() -> list[Any]:
-        arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
-                  for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
-        for a in arrays:
-            a.block_until_ready()
-        return arrays
-
-    arrays = place()
+    arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
+              for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
 
     def run() -> float:
-        nonlocal arrays
-        if donate:
-            arrays = place()
         t0 = time.perf_counter()
         for pieces in exe.execute_sharded(arrays).disassemble_into_single_device_arrays():
             for piece in pieces:
@@ -204,8 +205,10 @@ def jaxlib_runner(text: str, donate: bool = False) -> Callable[[], float]:
 
 
 def worker(kind: str, paths: list[str], donate: bool = False) -> int:
-    make = plugin_runner if kind == "plugin" else jaxlib_runner
-    runners = {path: make(prepare(Path(path).read_text(), donate), donate) for path in paths}
+    if kind == "plugin":
+        runners = {path: plugin_runner(prepare(Path(path).read_text(), donate), donate) for path in paths}
+    else:
+        runners = {path: jaxlib_runner(prepare(Path(path).read_text())) for path in paths}
     for run in runners.values():
         run()
         run()
@@ -225,6 +228,7 @@ COMPILERS = {
     "jaxlib XLA": ("jaxlib", {}),
     "jaxlib XLA, no YNN fusions": ("jaxlib", {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}),
 }
+DONATING = "plugin XLA, donating"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,25 +237,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5, help="calls per round, module and compiler")
     parser.add_argument("--donate", action="store_true",
-                        help="keep the modules' donation attributes (inputs aliased to outputs); fresh inputs are "
-                             "placed before each call, untimed")
+                        help="add the plugin's XLA running the modules with their donation (inputs aliased to "
+                             "outputs), each call's aliased outputs fed back as the next call's inputs")
     parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     paths = [str(Path(p).resolve()) for p in args.modules]
     if args.worker:
         return worker(args.worker, paths, args.donate)
-    print(f"{len(paths)} modules on {DEVICES} CPU devices{', donating' if args.donate else ''}; {os.cpu_count()} cpus, "
-          "load "
+    print(f"{len(paths)} modules on {DEVICES} CPU devices; {os.cpu_count()} cpus, load "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+    columns = {**COMPILERS, **({DONATING: ("plugin", {})} if args.donate else {})}
     workers: dict[str, Worker] = {}
     try:
-        for name, (kind, env) in COMPILERS.items():
+        for name, (kind, env) in columns.items():
             flags = " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={DEVICES}",
                               env.get("XLA_FLAGS", "")]).strip()
-            extra = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"} if kind == "jaxlib" else {}
+            jax_env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            extra = jax_env if kind == "jaxlib" else {}
             t0 = time.perf_counter()
-            workers[name] = Worker(__file__, [*paths, *(["--donate"] if args.donate else [])], flag=f"--worker={kind}",
-                                   python=sys.executable, env=extra)
+            donate = ["--donate"] if name == DONATING else []
+            workers[name] = Worker(__file__, [*paths, *donate], flag=f"--worker={kind}", python=sys.executable,
+                                   env=extra)
             print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         results: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
@@ -262,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers.values():
             w.close()
-    table = Table([("module", 36, ""), *((f"{name} ms", len(name) + 3, ".1f") for name in COMPILERS)])
+    table = Table([("module", 36, ""), *((f"{name} ms", len(name) + 3, ".1f") for name in columns)])
     print()
     print(table.header())
     for path in paths:
-        print(table.row(Path(path).name, *(statistics.median(results[(name, path)]) for name in COMPILERS)))
-    print(json.dumps({Path(p).name: {n: results[(n, p)] for n in COMPILERS} for p in paths}))
+        print(table.row(Path(path).name, *(statistics.median(results[(name, path)]) for name in columns)))
+    print(json.dumps({Path(p).name: {n: results[(n, p)] for n in columns} for p in paths}))
     return 0
 
 
