@@ -165,6 +165,12 @@ NODE_CHILD = textwrap.dedent('''
         y.grad_fn.register_hook(plus_one)
         y.sum().backward()
         print(device, "changed", "->", x.grad.cpu().flatten().tolist(), m.weight.grad.cpu().flatten().tolist())
+
+    # The same gradients by hand, without hooks: tanh's gradient + 1, times 3 into the module, input doubled.
+    with torch.no_grad():
+        m, x = m.cpu(), torch.arange(6.).reshape(2, 3)
+        g = (1 - m(x).tanh() ** 2 + 1) * 3
+        print("by-hand", "changed", "->", (2 * g @ m.weight).flatten().tolist(), (g.T @ x).flatten().tolist())
 ''')
 
 
@@ -204,7 +210,8 @@ def test_node_hooks_that_change_gradients_give_the_cpu_result(node_child_lines):
         line = node_child_lines[(device, "changed")]
         return [[float(v) for v in part.strip(" []").split(",")] for part in line.split("] [")]
 
-    cpu, pjrt = values("cpu"), values("pjrt")
+    cpu, pjrt, by_hand = values("cpu"), values("pjrt"), values("by-hand")
     assert len(cpu[0]) == 6 and len(cpu[1]) == 6
-    for want, got in zip(cpu, pjrt):
+    for want, got, computed in zip(cpu, pjrt, by_hand):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+        assert want == pytest.approx(computed, rel=1e-5, abs=1e-6)  # the hooks changed the gradients as asked
