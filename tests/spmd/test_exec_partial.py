@@ -157,3 +157,14 @@ def test_the_leftover_cat_of_an_earlier_loop_does_not_make_the_next_loop_compile
     assert compiles[2:] == [0, 0, 0], f"programs compiled per loop: {compiles}"
     xs.sync()  # nothing live is left of the last loop's cats: nothing to run
     assert trace.pending_ops() == 0
+
+
+def test_a_host_read_gathers_pieces_of_any_layout_and_dtype(engine):
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(4, 16, generator=g) > 0, torch.randn(4, 8, generator=g) > 0
+    a_p = xs.mark_sharding(a.to("pjrt"), MESH, (None, "data"))  # split along the cat's dimension
+    b_p = b.to("pjrt")  # replicated
+    joined_p = torch.cat([a_p, b_p, a_p[:, :3]], dim=1)
+    before = xs.metrics().compiles
+    assert torch.equal(joined_p.cpu(), torch.cat([a, b, a[:, :3]], dim=1))
+    assert xs.metrics().compiles == before
