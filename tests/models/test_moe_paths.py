@@ -108,3 +108,35 @@ def test_the_eager_path_warns_once_that_it_compiles_anew_and_still_matches(cpu8)
     assert len(hints) == 1 and "capacity_experts" in hints[0], hints
     assert xs.metrics().fallback_ops.get("aten.nonzero.default", 0) > 0
     assert compiles[2] > 0, f"the eager path compiled nothing in its third step ({compiles}): update the docs"
+
+
+#: Other MoE models of transformers: a shared expert beside the routed ones (Qwen2-MoE), Mixtral's layout in other
+#: models (OLMoE, Qwen3-MoE), and transposed weights with biases and a gate of its own (gpt-oss).
+OTHER_MOES = {
+    "qwen2_moe": (transformers.Qwen2MoeConfig, dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                    shared_expert_intermediate_size=32)),
+    "olmoe": (transformers.OlmoeConfig, dict(num_experts=4, num_experts_per_tok=2, eos_token_id=None)),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                    head_dim=8)),
+    "gpt_oss": (transformers.GptOssConfig, dict(num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                                                layer_types=["full_attention"])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_MOES))
+def test_without_drops_capacity_experts_is_the_eager_path_for_other_experts_layouts(capacity_paths, name):
+    """On the CPU (plain torch): loss and every gradient as transformers' eager path gives them."""
+    config_class, options = OTHER_MOES[name]
+    config = config_class(**{**DECODER, **options})
+    models = []
+    for implementation in ("eager", "test_capacity"):
+        torch.manual_seed(0)
+        models.append(transformers.AutoModelForCausalLM.from_config(config, experts_implementation=implementation))
+    ids = torch.randint(0, VOCAB, (4, SEQ), generator=torch.Generator().manual_seed(2))
+    eager, capacity = (m(input_ids=ids, labels=ids).loss for m in models)
+    eager.backward()
+    capacity.backward()
+    assert_close(f"{name}: loss", capacity, eager)
+    for (key, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        if p.grad is not None:
+            assert_close(f"{name}: gradient of {key}", q.grad, p.grad)
