@@ -140,3 +140,17 @@ def test_without_drops_capacity_experts_is_the_eager_path_for_other_experts_layo
     for (key, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         if p.grad is not None:
             assert_close(f"{name}: gradient of {key}", q.grad, p.grad)
+
+
+def test_under_torch_compile_the_capacity_path_is_one_graph_and_stops_compiling(cpu8, capacity_paths):
+    """Dynamo traces into capacity_experts as into the CPU model's code: no graph break, and the same losses."""
+    xs.set_cpu_fallback(False)
+    ref = _mixtral("test_capacity_half")
+    model = torch.compile(_mixtral("test_capacity_half").to("pjrt"), backend="pjrt")
+    torch._dynamo.utils.counters.clear()
+    losses, compiles = _train(model, 4, xs.Mesh(range(8), (8,), ("data",)))
+    want, _ = _train(ref, 4, None)
+    for step, (got, expected) in enumerate(zip(losses, want)):
+        assert_close(f"compiled: loss at step {step}", got, expected)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert compiles[2:] == [0, 0], compiles
