@@ -115,3 +115,10 @@ def test_bad_arguments_raise_as_on_the_cpu(engine):
         torch.nonzero_static(torch.ones(3, dtype=torch.uint16).to("pjrt"), size=2)
     with pytest.raises(RuntimeError, match="not implemented for 'UInt16'"):
         torch.nonzero_static(torch.ones(3, dtype=torch.uint16), size=2)
+
+
+def test_the_out_variant_writes_the_result(engine):
+    x = _sample((3, 4), torch.float32, seed=6)
+    out = torch.empty(5, 2, dtype=torch.int64).to("pjrt")
+    assert torch.nonzero_static(x.to("pjrt"), size=5, out=out) is out
+    assert torch.equal(out.cpu(), torch.nonzero_static(x, size=5))
