@@ -9,11 +9,25 @@ import time
 import numpy as np
 
 from ..errors import UnsupportedFunctionError
-from ..runtime import SHARDY_PROBE_PROGRAM, CompileOptions, shardy_refusal
+from ..runtime import SHARDY_PROBE_PROGRAM, Buffer, Client, CompileOptions, Device, shardy_refusal
 from ._checks_buffers import one_device_reason
 from ._context import Context
 from ._framework import Fail, Skip, Unsupported, check
 from ._programs import ADD_F32, TWO_OUTPUTS, spmd_square_and_sum
+
+
+def _several_devices(ctx: Context) -> tuple[Client, int]:
+    """The client and its device count, for checks that need at least two devices (else they skip)."""
+    client = ctx.client
+    count = len(client.addressable_devices)
+    if count < 2:
+        raise Skip(one_device_reason(ctx))
+    return client, count
+
+
+def _two_per_device(client: Client, x: np.ndarray, devices: list[Device]) -> list[list[Buffer]]:
+    """Execute arguments giving device ``i`` the shard ``x[2i:2i+2]`` (the partitioned programs' layout)."""
+    return [[client.buffer_from_host(x[2 * i : 2 * i + 2], d)] for i, d in enumerate(devices)]
 
 
 @check("compile.program", "a StableHLO program compiles", requires=("client.create",))
@@ -102,10 +116,7 @@ def check_serialize(ctx: Context) -> str:
 @check("execute.every_device", "a replicated program runs on every addressable device at once",
        requires=("execute.single", "buffers.every_device"))
 def check_execute_every_device(ctx: Context) -> str:
-    client = ctx.client
-    count = len(client.addressable_devices)
-    if count < 2:
-        raise Skip(one_device_reason(ctx))
+    client, count = _several_devices(ctx)
     executable = client.compile(ADD_F32, CompileOptions(num_replicas=count))
     devices = executable.addressable_devices
     if len(devices) != count:
@@ -125,16 +136,13 @@ def check_execute_every_device(ctx: Context) -> str:
 @check("execute.spmd", "an SPMD program partitioned over every device reduces across devices",
        requires=("execute.single", "buffers.every_device"))
 def check_execute_spmd(ctx: Context) -> str:
-    client = ctx.client
-    count = len(client.addressable_devices)
-    if count < 2:
-        raise Skip(one_device_reason(ctx))
+    client, count = _several_devices(ctx)
     executable = client.compile(
         spmd_square_and_sum(count), CompileOptions(num_partitions=count, use_spmd_partitioning=True)
     )
     devices = executable.addressable_devices
     x = np.arange(2 * count, dtype=np.float32)
-    outputs = executable.execute([[client.buffer_from_host(x[2 * i : 2 * i + 2], d)] for i, d in enumerate(devices)])
+    outputs = executable.execute(_two_per_device(client, x, devices))
     expected_sum = float((x * x).sum())
     for i, (squares, total) in enumerate(outputs):
         shard = squares.to_numpy()
@@ -148,10 +156,7 @@ def check_execute_spmd(ctx: Context) -> str:
 @check("execute.shardy", "a program carrying Shardy (sdy) shardings is partitioned by Shardy",
        requires=("execute.single", "buffers.every_device"))
 def check_execute_shardy(ctx: Context) -> str:
-    client = ctx.client
-    count = len(client.addressable_devices)
-    if count < 2:
-        raise Skip(one_device_reason(ctx))
+    client, count = _several_devices(ctx)
     reason = shardy_refusal(client, [int(d.id) for d in client.addressable_devices])
     if reason is not None:
         raise Unsupported(f"{reason}; pjrt-plugins compiles sharded programs for this plugin with GSPMD")
@@ -159,7 +164,7 @@ def check_execute_shardy(ctx: Context) -> str:
     executable = client.compile(SHARDY_PROBE_PROGRAM.format(n=count, length=2 * count).encode(), options)
     x = np.arange(2 * count, dtype=np.float32)
     devices = executable.addressable_devices
-    outputs = executable.execute([[client.buffer_from_host(x[2 * i : 2 * i + 2], d)] for i, d in enumerate(devices)])
+    outputs = executable.execute(_two_per_device(client, x, devices))
     for i, (out,) in enumerate(outputs):
         if not np.array_equal(out.to_numpy(), 2 * x[2 * i : 2 * i + 2]):
             raise Fail(f"partition {i} returned {out.to_numpy()}, expected {2 * x[2 * i : 2 * i + 2]}")
