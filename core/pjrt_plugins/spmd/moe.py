@@ -50,8 +50,8 @@ def dispatch_slots(top_k_index: torch.Tensor, num_experts: int, capacity: int) -
     ``slot`` indexes a flattened ``[num_experts * capacity + 1]`` buffer: expert ``e``'s ``p``-th choice (in token
     order) is slot ``e * capacity + p``; a choice past the capacity is not ``kept`` and goes to the last slot,
     which nothing reads. Static shapes throughout: a choice's place in its expert's queue is its rank in a stable
-    sort by expert less the choices of the experts before (two sorts, O(n log n); a cumulative sum over the
-    tokens, as MaxText's masks use, costs O(n^2) on XLA's CPU backend).
+    sort by expert less the choices of the experts before (two sorts of ``T * k`` ids, where MaxText's masks
+    take a cumulative sum over a ``[T * k, num_experts]`` one-hot).
     """
     if top_k_index.dim() != 2 or top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex:
         raise ValueError(f"top_k_index must be an integer [tokens, top_k] tensor, got {top_k_index.dtype}"
