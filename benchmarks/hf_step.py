@@ -22,12 +22,17 @@ alike, and the load average is printed. After the table: programs per step, and 
 counts of each side's optimized step program (HLO text: ours from the plugin, torchax from jax; PyTorch/XLA's is not
 read). Measures only; never asserts a timing.
 
-``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (with GSPMD shardings) for
-each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both programs on both compilers (the plugin's XLA and
-jaxlib's), which tells a slower program from a slower compiler.
+``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (each with its own
+partitioner's shardings, Shardy on both sides today) for each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both
+programs on both compilers (the plugin's XLA and jaxlib's), which tells a slower program from a slower compiler, and
+``hf_step_ops.py DIR/*.mlir`` splits each program's execution into its ops.
+
+``--torchax-without-donation`` adds torchax's step jitted without ``donate_argnums``: every step then writes its
+state to new buffers, as ours does (our engine donates nothing), which sizes what donation is worth.
+``--fused`` gives ours ``AdamW(fused=True)``: the whole update is one recorded op instead of torch's foreach ops.
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
-     [--meshes data,megatron] [--dump-programs DIR]
+     [--meshes data,megatron] [--fused] [--torchax-without-donation] [--dump-programs DIR]
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ def hlo_counts(text: str) -> dict[str, int]:
 class TorchSide:
     """One torch training loop on ``pjrt`` (ours, eager or compiled) or ``xla`` (PyTorch/XLA)."""
 
-    def __init__(self, kind: str, mesh_name: str, compiled: bool = False) -> None:
+    def __init__(self, kind: str, mesh_name: str, compiled: bool = False, fused: bool = False) -> None:
         import torch
 
         self.kind = kind
@@ -144,7 +149,8 @@ class TorchSide:
         self.ids, self.labels = ids.to(device), labels.to(device)
         for t in (self.ids, self.labels):
             mark(t, mesh, ("data", None))
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                                     fused=fused or None)
         self.forward = torch.compile(self.model, backend="pjrt") if compiled else self.model
         self.loss = None
         self.run(2)  # the first step makes the optimizer state; the second runs the steady-state program(s)
@@ -218,7 +224,7 @@ def torch_xla_worker(mesh_name: str) -> int:
                           lambda words: side.run(int(words[1])))
 
 
-def torchax_worker(mesh_name: str, dump: str | None = None) -> int:
+def torchax_worker(mesh_name: str, dump: str | None = None, donate: bool = True) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -270,13 +276,10 @@ def torchax_worker(mesh_name: str, dump: str | None = None) -> int:
     state = {"p": p, "m": jax.tree.map(jnp.zeros_like, p), "v": jax.tree.map(jnp.zeros_like, p),
              "t": jnp.zeros((), jnp.float32)}
     train = jax.jit(step, in_shardings=(state_sharding, data, data),
-                    out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=(0,))
+                    out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=(0,) if donate else ())
     hlo = train.lower(state, ids, labels).compile().as_text()
-    if dump:  # StableHLO with GSPMD shardings, which the CPU plugin's XLA compiles too (xla_cross_compile.py)
-        from jax._src import config as jax_config
-
-        with jax_config.use_shardy_partitioner(False):
-            text = train.lower(state, ids, labels).as_text()
+    if dump:  # StableHLO with jax's shardings, which the CPU plugin's XLA compiles too (xla_cross_compile.py)
+        text = train.lower(state, ids, labels).as_text()  # jax's partitioner, as the timed step (Shardy)
         with open(os.path.join(dump, f"torchax-{mesh_name}.mlir"), "w") as f:
             f.write(text)
     loss = None
@@ -322,6 +325,7 @@ def _load() -> str:
 
 
 EAGER, COMPILED, XLA, TORCHAX = "ours eager", "ours torch.compile", "PyTorch/XLA", "torchax"
+TORCHAX_NO_DONATION = "torchax, no donation"
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -331,7 +335,8 @@ def compare(args: argparse.Namespace) -> None:
     meshes = args.meshes.split(",")
     print(f"transformers {transformers.__version__} LlamaForCausalLM: {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads "
           f"({KV_HEADS} key/value), MLP {MLP}, vocab {VOCAB}; batch {BATCH}x{SEQ}, AdamW; meshes {meshes} over 8 CPU "
-          f"devices; torch {torch.__version__}; {os.cpu_count()} cpus, {_load()}", flush=True)
+          f"devices{'; ours with AdamW(fused=True)' if args.fused else ''}; torch {torch.__version__}; "
+          f"{os.cpu_count()} cpus, {_load()}", flush=True)
     sides: dict[tuple[str, str], Any] = {}
     workers: list[Worker] = []
     hlo: dict[tuple[str, str], dict[str, int]] = {}
@@ -355,10 +360,15 @@ def compare(args: argparse.Namespace) -> None:
                 hlo[(TORCHAX, mesh)] = w.info["hlo"]
                 print(f"torchax {w.info['version']} (jax {w.info['jax']}, torch {w.info['torch']}), mesh {mesh}: "
                       f"ready in {time.perf_counter() - t0:.1f} s", flush=True)
+                if args.torchax_without_donation:
+                    w = Worker(__file__, ["--mesh", mesh, "--no-donation"], flag="--torchax-worker",
+                               python=args.torchax_python, env=torchax_env())
+                    workers.append(w)
+                    sides[(TORCHAX_NO_DONATION, mesh)] = w
             for name, compiled in ((EAGER, False), (COMPILED, True)):
                 t0 = time.perf_counter()
                 known = _our_programs()
-                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled)
+                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused)
                 new = [p for k, p in _our_programs().items() if k not in known]
                 hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
                 if args.dump_programs and compiled and new:
@@ -381,7 +391,7 @@ def compare(args: argparse.Namespace) -> None:
             w.close()
 
     print()
-    names = [n for n in (EAGER, COMPILED, XLA, TORCHAX) if any(k[0] == n for k in results)]
+    names = [n for n in (EAGER, COMPILED, XLA, TORCHAX, TORCHAX_NO_DONATION) if any(k[0] == n for k in results)]
     table = Table([("mesh", 10, ""), *((f"{n} ms", max(len(n) + 3, 9), ".1f") for n in names)])
     print("median step time")
     print(table.header())
@@ -390,7 +400,7 @@ def compare(args: argparse.Namespace) -> None:
                                 for n in names)))
     print()
     print("ratios (ours / side, same run)")
-    peers = [n for n in (XLA, TORCHAX) if n in names]
+    peers = [n for n in (XLA, TORCHAX, TORCHAX_NO_DONATION) if n in names]
     ratio_table = Table([("mesh", 10, ""), *((f"{o} / {p}", len(o) + len(p) + 3, ".2f")
                                               for o in (EAGER, COMPILED) for p in peers)])
     print(ratio_table.header())
@@ -436,10 +446,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchax-python", default=os.environ.get("TORCHAX_PYTHON"),
                         help="an interpreter from benchmarks/envs/torchax-venv.sh (default: $TORCHAX_PYTHON; "
                              "none: skip it)")
+    parser.add_argument("--fused", action="store_true",
+                        help="AdamW(fused=True) for ours (one recorded op per optimizer step); PyTorch/XLA keeps "
+                             "torch's foreach AdamW, torchax its AdamW written in jax")
     parser.add_argument("--dump-programs", default=None, metavar="DIR",
-                        help="write the StableHLO of our compiled step and of torchax's step (GSPMD shardings) per "
-                             "mesh into DIR, for xla_cross_compile.py")
+                        help="write the StableHLO of our compiled step and of torchax's step per mesh into DIR, "
+                             "for xla_cross_compile.py and hf_step_ops.py")
+    parser.add_argument("--torchax-without-donation", action="store_true",
+                        help="also run torchax's step without donating its state (a new buffer for every output, as "
+                             "our engine has)")
     parser.add_argument("--mesh", default="data", help=argparse.SUPPRESS)
+    parser.add_argument("--no-donation", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torchax-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -447,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_xla_worker:
         return torch_xla_worker(args.mesh)
     if args.torchax_worker:
-        return torchax_worker(args.mesh, args.dump_programs)
+        return torchax_worker(args.mesh, args.dump_programs, donate=not args.no_donation)
     unknown = set(args.meshes.split(",")) - set(MESHES)
     if unknown:
         parser.error(f"unknown meshes {sorted(unknown)}; choose from {sorted(MESHES)}")

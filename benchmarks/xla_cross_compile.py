@@ -9,12 +9,16 @@ runs each given module on both, on 8 CPU devices, in worker processes with round
 - "jaxlib XLA, no YNN fusions": the same with ``--xla_cpu_experimental_ynn_fusion_type=`` (jaxlib 0.10.2 fuses
   dots and reductions into YNNPACK kernels, which the plugin's XLA does not have).
 
-The modules are StableHLO text with GSPMD shardings (``mhlo.sharding``) for 8 partitions, such as those
-``hf_step.py --dump-programs DIR`` writes (ours, torchax's). Donation attributes are dropped, so the inputs (0.01
-for floats, zeros otherwise; the values do not change the work) are reused across calls. Each cell is the median
-of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures only.
+The modules are StableHLO text for 8 partitions with GSPMD shardings (``mhlo.sharding``) or Shardy ones
+(``sdy.sharding`` over an ``sdy.mesh`` in device order), such as those ``hf_step.py --dump-programs DIR`` writes (ours,
+torchax's). Donation attributes are dropped, so the inputs (0.01
+for floats, zeros otherwise; the values do not change the work) are reused across calls. ``--donate`` adds the
+column "plugin XLA, donating": the modules as they are (``tf.aliasing_output``: inputs aliased to outputs, as jax
+donates a step's state), each call's aliased outputs fed back as the next call's inputs, as a training loop does.
+Each cell is the median of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures
+only.
 
-Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5]
+Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5] [--donate]
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ _DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat
            "i8": "int8", "i1": "bool", "ui8": "uint8", "ui32": "uint32", "ui64": "uint64"}
 
 
-def prepare(text: str) -> str:
-    """The module without its donation attributes (our timing loop reuses the inputs)."""
+def prepare(text: str, donate: bool = False) -> str:
+    """The module without its donation attributes (our timing loop reuses the inputs), or as it is (``donate``)."""
+    if donate:
+        return text
     donation = r"(tf\.aliasing_output = \d+ : i32|jax\.buffer_donor = true)"
     text = re.sub(rf"\s*\{{{donation}\}}", "", text)
     text = re.sub(rf",\s*{donation}", "", text)
@@ -61,8 +67,55 @@ def arguments(text: str) -> list[tuple[tuple[int, ...], str, str]]:
             raise ValueError(f"cannot read the argument type in {chunk[:80]!r}")
         *dims, element = match.group(1).split("x")
         sharding = re.search(r'mhlo\.sharding = "([^"]*)"', chunk)
-        out.append((tuple(int(d) for d in dims), _DTYPES[element], sharding.group(1) if sharding else "{replicated}"))
+        sdy = re.search(r"sdy\.sharding = #sdy\.sharding<@(\w+), \[(.*?)\]( replicated=\{[^}]*\})?>", chunk)
+        if sharding:
+            hlo = sharding.group(1)
+        elif sdy:
+            hlo = sdy_to_hlo(_sdy_meshes(text)[sdy.group(1)], re.findall(r"\{([^}]*)\}", sdy.group(2)))
+        else:
+            hlo = "{replicated}"
+        out.append((tuple(int(d) for d in dims), _DTYPES[element], hlo))
     return out
+
+
+def uses_shardy(text: str) -> bool:
+    """Whether the module carries Shardy shardings (it must then be partitioned by Shardy, not GSPMD)."""
+    return "sdy.mesh @" in text
+
+
+def _sdy_meshes(text: str) -> dict[str, list[tuple[str, int]]]:
+    """The Shardy meshes a module declares (``sdy.mesh @mesh = <["data"=2, "model"=4]>``): name -> axes."""
+    meshes = {}
+    for name, body, rest in re.findall(r"sdy\.mesh @(\w+) = <\[([^\]]*)\]([^>]*)>", text):
+        if "device_ids" in rest:
+            raise ValueError(f"mesh @{name} lists its device ids; only meshes in device order are read")
+        meshes[name] = [(axis, int(size)) for axis, size in re.findall(r'"(\w+)"=(\d+)', body)]
+    return meshes
+
+
+def sdy_to_hlo(mesh: list[tuple[str, int]], dims: list[str]) -> str:
+    """A Shardy argument sharding (the axes of each dimension, e.g. ``['"data"', '']``, over ``mesh``'s axes in
+    device order) as the HLO sharding string ``parse_sharding`` reads (the iota form with a transpose)."""
+    sizes = dict(mesh)
+    order = [a for a, _ in mesh]
+    per_dim = [re.findall(r'"(\w+)"', d) for d in dims]
+    used = [a for axes in per_dim for a in axes]
+    if not used:
+        return "{replicated}"
+    rest = [a for a in order if a not in used]
+    tiles = [1] * len(per_dim)
+    for i, axes in enumerate(per_dim):
+        for a in axes:
+            tiles[i] *= sizes[a]
+    replicate = 1
+    for a in rest:
+        replicate *= sizes[a]
+    perm = [order.index(a) for a in used + rest]
+    tile_text = ",".join(str(t) for t in tiles + ([replicate] if rest else []))
+    iota = f"<=[{','.join(str(s) for _, s in mesh)}]"
+    if perm != sorted(perm):
+        iota += f"T({','.join(map(str, perm))})"
+    return "{devices=[" + tile_text + "]" + iota + (" last_tile_dim_replicate" if rest else "") + "}"
 
 
 def _value(shape: tuple[int, ...], dtype: str) -> Any:
@@ -75,14 +128,28 @@ def _value(shape: tuple[int, ...], dtype: str) -> Any:
     return np.full(shape, 0.01, dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
 
 
-def plugin_runner(text: str) -> Callable[[], None]:
-    """``text`` compiled by the CPU plugin's XLA through pjrt_plugins; a call runs it and drops the outputs."""
+def aliases(text: str) -> dict[int, int]:
+    """``{argument: output}`` of the module's donated arguments (``tf.aliasing_output``)."""
+    start = text.index("func.func public @main(")
+    signature = text[start:text.index("{\n", start)]
+    out = {}
+    for chunk in signature.split("%arg")[1:]:
+        number, alias = re.match(r"(\d+):", chunk), re.search(r"tf\.aliasing_output = (\d+) : i32", chunk)
+        if number and alias:
+            out[int(number.group(1))] = int(alias.group(1))
+    return out
+
+
+def plugin_runner(text: str, donate: bool = False) -> Callable[[], float]:
+    """``text`` compiled by the CPU plugin's XLA through pjrt_plugins; a call runs it, drops the outputs and returns
+    the seconds the execute took (with ``donate``, the donated arguments' outputs become the next call's inputs)."""
     import pjrt_plugins.spmd as xs
     from pjrt_plugins.runtime import CompileOptions
 
     xs.set_plugin("cpu", options={"cpu_device_count": DEVICES})
     vd = xs.virtual_device()
     exe = vd.client.compile(text, CompileOptions(num_replicas=1, num_partitions=DEVICES, use_spmd_partitioning=True,
+                                                 use_shardy_partitioner=uses_shardy(text),
                                                  device_assignment=[list(vd.device_assignment)]))
     per_device: dict[int, list[Any]] = {ordinal: [] for ordinal in vd.device_ids}  # shardings name ordinals
     for shape, dtype, sharding in arguments(text):
@@ -92,16 +159,24 @@ def plugin_runner(text: str) -> Callable[[], None]:
             per_device[shard.device].append(vd.client.buffer_from_host(piece, vd.devices[shard.device]))
     ordinal_of = {int(d.id): ordinal for ordinal, d in enumerate(vd.devices)}
     args = [per_device[ordinal_of[int(d.id)]] for d in exe.addressable_devices]
+    fed_back = aliases(text) if donate else {}
 
-    def run() -> None:
+    def run() -> float:
+        t0 = time.perf_counter()
         outputs = exe.execute(args)
+        seconds = time.perf_counter() - t0
+        for row, out in zip(args, outputs):
+            for i, j in fed_back.items():
+                row[i] = out[j]
         del outputs
+        return seconds
 
     return run
 
 
-def jaxlib_runner(text: str) -> Callable[[], None]:
-    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it and waits for it."""
+def jaxlib_runner(text: str) -> Callable[[], float]:
+    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it, waits for it and returns
+    the seconds that took."""
     import jax
     import numpy as np
     from jax._src import xla_bridge
@@ -113,22 +188,27 @@ def jaxlib_runner(text: str) -> Callable[[], None]:
     options = xc.CompileOptions()
     build = options.executable_build_options
     build.num_replicas, build.num_partitions, build.use_spmd_partitioning = 1, DEVICES, True
+    build.use_shardy_partitioner = uses_shardy(text)
     build.device_assignment = xc.DeviceAssignment.create(np.arange(DEVICES).reshape(1, DEVICES))
     exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
     arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
               for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
 
-    def run() -> None:
+    def run() -> float:
+        t0 = time.perf_counter()
         for pieces in exe.execute_sharded(arrays).disassemble_into_single_device_arrays():
             for piece in pieces:
                 piece.block_until_ready()
+        return time.perf_counter() - t0
 
     return run
 
 
-def worker(kind: str, paths: list[str]) -> int:
-    make = plugin_runner if kind == "plugin" else jaxlib_runner
-    runners = {path: make(prepare(Path(path).read_text())) for path in paths}
+def worker(kind: str, paths: list[str], donate: bool = False) -> int:
+    if kind == "plugin":
+        runners = {path: plugin_runner(prepare(Path(path).read_text(), donate), donate) for path in paths}
+    else:
+        runners = {path: jaxlib_runner(prepare(Path(path).read_text())) for path in paths}
     for run in runners.values():
         run()
         run()
@@ -137,9 +217,7 @@ def worker(kind: str, paths: list[str]) -> int:
         run = runners[words[1]]
         times = []
         for _ in range(int(words[2])):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
+            times.append(run())
         return {"ms": statistics.median(times) * 1e3}
 
     return serve_commands({"ready": len(runners)}, handle)
@@ -150,28 +228,36 @@ COMPILERS = {
     "jaxlib XLA": ("jaxlib", {}),
     "jaxlib XLA, no YNN fusions": ("jaxlib", {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}),
 }
+DONATING = "plugin XLA, donating"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="+", help="StableHLO text files (GSPMD shardings, 8 partitions)")
+    parser.add_argument("modules", nargs="+", help="StableHLO text files (GSPMD or Shardy shardings, 8 partitions)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5, help="calls per round, module and compiler")
+    parser.add_argument("--donate", action="store_true",
+                        help="add the plugin's XLA running the modules with their donation (inputs aliased to "
+                             "outputs), each call's aliased outputs fed back as the next call's inputs")
     parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     paths = [str(Path(p).resolve()) for p in args.modules]
     if args.worker:
-        return worker(args.worker, paths)
+        return worker(args.worker, paths, args.donate)
     print(f"{len(paths)} modules on {DEVICES} CPU devices; {os.cpu_count()} cpus, load "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
+    columns = {**COMPILERS, **({DONATING: ("plugin", {})} if args.donate else {})}
     workers: dict[str, Worker] = {}
     try:
-        for name, (kind, env) in COMPILERS.items():
+        for name, (kind, env) in columns.items():
             flags = " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={DEVICES}",
                               env.get("XLA_FLAGS", "")]).strip()
-            extra = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"} if kind == "jaxlib" else {}
+            jax_env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            extra = jax_env if kind == "jaxlib" else {}
             t0 = time.perf_counter()
-            workers[name] = Worker(__file__, paths, flag=f"--worker={kind}", python=sys.executable, env=extra)
+            donate = ["--donate"] if name == DONATING else []
+            workers[name] = Worker(__file__, [*paths, *donate], flag=f"--worker={kind}", python=sys.executable,
+                                   env=extra)
             print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         results: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
@@ -182,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers.values():
             w.close()
-    table = Table([("module", 36, ""), *((f"{name} ms", len(name) + 3, ".1f") for name in COMPILERS)])
+    table = Table([("module", 36, ""), *((f"{name} ms", len(name) + 3, ".1f") for name in columns)])
     print()
     print(table.header())
     for path in paths:
-        print(table.row(Path(path).name, *(statistics.median(results[(name, path)]) for name in COMPILERS)))
-    print(json.dumps({Path(p).name: {n: results[(n, p)] for n in COMPILERS} for p in paths}))
+        print(table.row(Path(path).name, *(statistics.median(results[(name, path)]) for name in columns)))
+    print(json.dumps({Path(p).name: {n: results[(n, p)] for n in columns} for p in paths}))
     return 0
 
 

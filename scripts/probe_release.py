@@ -71,7 +71,7 @@ def download(requirement: str, cache: Path, python: str = sys.executable) -> Pat
         if wheel.name.lower().startswith(stem.lower()):
             return wheel
     command = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "--progress-bar", "off", "--dest", str(cache), requirement]
+               "--progress-bar", "off", "--resume-retries", "20", "--dest", str(cache), requirement]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         output = result.stdout + result.stderr

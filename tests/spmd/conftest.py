@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 import pjrt_plugins.spmd as xs
@@ -30,15 +32,22 @@ def cpu8() -> xs.VirtualDevice:
 
 
 @pytest.fixture
-def stub4() -> xs.VirtualDevice:
-    """pjrt:0 over the stub Neuron plugin with 4 devices: transfers only, no compiler."""
-    return _use("stub4")
+def stub4() -> Iterator[xs.VirtualDevice]:
+    """pjrt:0 over the stub Neuron plugin with 4 devices: transfers only, no compiler.
+
+    Afterwards the stub is forgotten: a later test that builds 8-device meshes without asking for a device
+    (their size is checked against the virtual device when one exists) must not find a 4-device one.
+    """
+    yield _use("stub4")
+    devices.reset_choices()
 
 
 @pytest.fixture(params=sorted(DEVICE_SETUPS))
-def any_device(request: pytest.FixtureRequest) -> xs.VirtualDevice:
-    """Each of the device setups in turn (for transfer-only behaviour)."""
-    return _use(request.param)
+def any_device(request: pytest.FixtureRequest) -> Iterator[xs.VirtualDevice]:
+    """Each of the device setups in turn (for transfer-only behaviour); the stub is forgotten afterwards."""
+    yield _use(request.param)
+    if request.param == "stub4":
+        devices.reset_choices()
 
 
 @pytest.fixture

@@ -215,7 +215,12 @@ def test_matrix_products_match_torch(engine):
     a, b = torch.randn(8, 16), torch.randn(16, 12)
     c, d = torch.randn(4, 8, 16), torch.randn(4, 16, 6)
     bias = torch.randn(12)
-    _compare(LINALG, [a, b, c, d, bias], [spec(0, 1), spec(1, None), spec(None, 0, 1), spec(0, None, None), spec(None)])
+    # Sums of 16 products of N(0, 1) values: float32 summation in another order differs by a few 1e-6 in
+    # absolute terms, which the default atol (1e-6) does not allow where a sum cancels to near zero. Which
+    # draw cancels depends on the global RNG, so it failed after some tests (test_exec_training) only.
+    products = {name: (1e-5, 2e-5) for name, _ in LINALG}
+    _compare(LINALG, [a, b, c, d, bias], [spec(0, 1), spec(1, None), spec(None, 0, 1), spec(0, None, None), spec(None)],
+             tolerances=products)
 
 
 SHAPES = [

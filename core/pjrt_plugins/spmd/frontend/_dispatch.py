@@ -36,6 +36,7 @@ from ..trace import (
 )
 from ..transport import TensorData, TensorState
 from . import _fallback
+from ._kernel_dtypes import CHECKED, check_kernel_dtypes
 from ._write_dtypes import check_inplace, check_out
 from .tensor import XLAShardedTensor, wrap
 
@@ -58,6 +59,8 @@ def _wrapped(result: Any) -> Any:
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func(*args, **kwargs)`` on pjrt tensors: pjrt tensors holding pending values come back."""
     info = ENGINE.op_infos.get(id(func)) or op_info(func)
+    if func in CHECKED:
+        check_kernel_dtypes(func, args, kwargs or {})
     if info.strided:
         refuse_strided_view(info, args)
     if kwargs:
