@@ -55,7 +55,7 @@ CASES = {
                "nn.functional.pixel_shuffle", "nn.functional.pad.constant", "nn.functional.pad.replicate"],
     "indexing": ["index_select", "gather", "scatter_add", "index_add", "index_copy", "index_put", "take_along_dim",
                  "masked_fill", "nn.functional.embedding", "__getitem__", "_unsafe_masked_index",
-                 "_unsafe_masked_index_put_accumulate"],
+                 "_unsafe_masked_index_put_accumulate", "nonzero_static"],
     "linalg": ["mm", "matmul", "bmm", "addmm", "einsum", "linalg.det", "linalg.inv"],
     "nn": ["nn.functional.linear", "nn.functional.layer_norm", "native_batch_norm", "nn.functional.cross_entropy",
            "nn.functional.mse_loss", "nn.functional.conv2d", "nn.functional.interpolate.bilinear"],

@@ -78,13 +78,25 @@ def _map(fn: Any, value: Any) -> Any:
     return fn(value)
 
 
+#: More to say about an op in its warning: what to use instead.
+_HINTS = {
+    "aten.nonzero.default": (
+        ". Its result's shape follows the data, so the programs after it are compiled anew for each new count: "
+        "in a training loop, most steps. Use torch.nonzero_static(x, size=...) (lowered, a fixed shape); a "
+        "mixture-of-experts model that routes with nonzero (transformers' experts_implementation=\"eager\") has "
+        "bounded paths: \"grouped_mm\" (the default), \"batched_mm\", or pjrt_plugins.spmd.moe.capacity_experts "
+        "(docs/models.md, Mixture of experts)"),
+}
+
+
 def _warn_once(name: str) -> None:
     with _warned_lock:
         if name in _warned:
             return
         _warned.add(name)
     warnings.warn(f"{name} has no lowering for the pjrt device; it runs on the CPU (counted in xs.metrics(); "
-                  "xs.set_cpu_fallback(False) refuses it instead)", CpuFallbackWarning, stacklevel=5)
+                  f"xs.set_cpu_fallback(False) refuses it instead){_HINTS.get(name, '')}", CpuFallbackWarning,
+                  stacklevel=5)
 
 
 def _written_arguments(func: Any, args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:

@@ -32,6 +32,9 @@ _META = torch.device("meta")
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: The one module of this package dynamo traces (the sharding functions users call in compiled code).
 TRACEABLE_MODULE = f"{__package__}._traceable"
+#: API modules of plain torch code that compiled models call, traced too (a skipped call would break the graph):
+#: the bounded mixture-of-experts functions.
+TRACEABLE_API_MODULES = ("pjrt_plugins.spmd.moe",)
 
 #: The storage a pjrt tensor with no elements reports, in bytes. Why not 0: torch.compile's fake copy of a tensor
 #: whose storage has no bytes resizes its own, which torch asks the device's hooks to do, and torch's Python hooks
@@ -59,7 +62,7 @@ def configure_dynamo() -> None:
     trace_rules = sys.modules.get("torch._dynamo.trace_rules")
     if dynamo is None or trace_rules is None or _dynamo_configured:
         return
-    _skip_all_but(trace_rules, TRACEABLE_MODULE)
+    _skip_all_but(trace_rules, (TRACEABLE_MODULE, *TRACEABLE_API_MODULES))
     # Meshes are arguments of the opaque calls: constants to dynamo (they compare by value).
     for mesh_class in (Mesh, HybridMesh, PureMesh):
         if not pytree.is_constant_class(mesh_class):
@@ -69,14 +72,14 @@ def configure_dynamo() -> None:
     _dynamo_configured = True
 
 
-def _skip_all_but(trace_rules: Any, kept: str) -> None:
-    """Have dynamo skip every module of ``kept``'s top package but ``kept`` (the packages' ``__init__`` files on its
-    path stay traceable: the functions there only delegate, and a call into a skipped module breaks the graph)."""
-    parts = kept.split(".")
-    for depth in range(1, len(parts)):
-        package = ".".join(parts[:depth])
+def _skip_all_but(trace_rules: Any, kept: tuple[str, ...]) -> None:
+    """Have dynamo skip every module of the top package of ``kept`` but the ``kept`` ones (the packages'
+    ``__init__`` files on their paths stay traceable: the functions there only delegate, and a call into a skipped
+    module breaks the graph)."""
+    on_paths = {".".join(name.split(".")[:depth]) for name in kept for depth in range(1, name.count(".") + 2)}
+    for package in sorted(p for p in on_paths if p not in kept):
         for module in pkgutil.iter_modules(sys.modules[package].__path__):
-            if module.name != parts[depth]:
+            if f"{package}.{module.name}" not in on_paths:
                 trace_rules.add(f"{package}.{module.name}")
 
 

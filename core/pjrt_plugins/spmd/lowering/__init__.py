@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     _fft,
     _indexing,
     _linalg,
+    _nonzero,
     _pooling,
     _random,
     _reductions,

@@ -190,14 +190,37 @@ def _log_softmax(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, half_
     return em.sub(shifted, em.unary(hlo.log, s))
 
 
+#: Longest dimension scanned by one reduce_window as long as the dimension: XLA's CPU backend runs that in O(n^2)
+#: (a cumsum of 32,768 rows took seconds); longer ones take log2(n) shifted sums (O(n log n), what jax's cumsum
+#: does off TPU).
+WINDOW_SCAN_MAX = 256
+
+
+def _shifted_scan(em: Emitter, x: TensorValue, d: int, kind: str) -> TensorValue:
+    """Inclusive prefix sum / product along ``d``: ``x op= x shifted by 1, 2, 4, ...`` (Hillis and Steele)."""
+    n = x.shape[d]
+    combine, identity = (em.add, 0) if kind == "sum" else (em.mul, 1)
+    shift = 1
+    while shift < n:
+        head_shape = [shift if i == d else s for i, s in enumerate(x.shape)]
+        limits = [n - shift if i == d else s for i, s in enumerate(x.shape)]
+        kept = em.slice(x, [0] * x.rank, limits, [1] * x.rank)
+        x = combine(x, em.concatenate([em.constant(identity, x.dtype, head_shape), kept], d))
+        shift *= 2
+    return x
+
+
 def _scan(kind: str) -> Any:
-    """Inclusive prefix sum / product: a reduce_window over a window the length of the dimension."""
+    """Inclusive prefix sum / product: a reduce_window over a window the length of the dimension, or shifted sums
+    for a dimension longer than :data:`WINDOW_SCAN_MAX`."""
 
     def lower(em: Emitter, out: torch.Tensor, x: TensorValue, dim: int, *, dtype: torch.dtype | None = None) -> TensorValue:
         if x.rank == 0:
             return x
         d = dim % x.rank
         n = x.shape[d]
+        if n > WINDOW_SCAN_MAX:
+            return _shifted_scan(em, x, d, kind)
         window = [n if i == d else 1 for i in range(x.rank)]
         padding = [(n - 1, 0) if i == d else (0, 0) for i in range(x.rank)]
         return em.reduce_window(x, kind, window, padding=padding)
