@@ -68,7 +68,7 @@ from .sharding import OpSharding, Shard, ShardingType, parse_sharding, parse_tup
 if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
     from .execution import clear_compile_cache, get_partitioner, set_cache_dir, set_partitioner
     from .frontend._fallback import set_cpu_fallback
-    from .trace import sync
+    from .trace import set_donation, sync
     from .dtensor import (
         auto_policy,
         convert_to_dtensor_placements,
@@ -128,6 +128,7 @@ __all__ = [
     "set_cache_dir",
     "set_partitioner",
     "set_cpu_fallback",
+    "set_donation",
     "set_global_mesh",
     "set_plugin",
     "shard_as",
@@ -192,7 +193,7 @@ def virtual_device() -> VirtualDevice:
 #: Names the engine serves (through ``frontend._seam``, on first use, so that ``import pjrt_plugins.spmd``
 #: stays light: the engine loads jaxlib's MLIR bindings).
 _ENGINE_EXPORTS = frozenset({
-    "sync", "set_cpu_fallback", "set_cache_dir", "clear_compile_cache", "set_partitioner", "get_partitioner",
+    "sync", "set_cpu_fallback", "set_donation", "set_cache_dir", "clear_compile_cache", "set_partitioner", "get_partitioner",
 })
 
 

@@ -132,7 +132,9 @@ class Metrics:
     ``bytes_uploaded`` / ``bytes_downloaded``: host<->device bytes over all devices (from
     the transfer counters); ``fallbacks`` / ``fallback_ops``: operators run on the CPU
     because :func:`~pjrt_plugins.spmd.set_cpu_fallback` is on (total, and per operator);
-    ``lowering_seconds`` / ``compile_seconds`` / ``execute_seconds``: wall time per phase.
+    ``lowering_seconds`` / ``compile_seconds`` / ``execute_seconds``: wall time per phase;
+    ``donated_buffers``: device buffers given to a program to write its outputs into (see
+    :func:`~pjrt_plugins.spmd.set_donation`).
     A frozen snapshot: compare the fields of two to measure a stretch of work.
 
     Example::
@@ -155,6 +157,7 @@ class Metrics:
     lowering_seconds: float = 0.0
     compile_seconds: float = 0.0
     execute_seconds: float = 0.0
+    donated_buffers: int = 0
     fallback_ops: dict[str, int] = field(default_factory=dict)
 
     def report(self) -> str:
@@ -171,6 +174,7 @@ class Metrics:
             f"lowering time:         {self.lowering_seconds:.3f} s",
             f"compile time:          {self.compile_seconds:.3f} s",
             f"execute time:          {self.execute_seconds:.3f} s",
+            f"donated buffers:       {self.donated_buffers}",
         ]
         if self.fallback_ops:
             ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.fallback_ops.items()))

@@ -18,6 +18,7 @@ from ..trace import (
     pending_ops,
     read_on_host,
     register_tensor_type,
+    set_donation,
     sync,
     wait_async_closures,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "refresh_views",
     "set_cache_dir",
     "set_cpu_fallback",
+    "set_donation",
     "set_partitioner",
     "sync",
     "wait_async_closures",

@@ -160,6 +160,7 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
             if partitioned:
                 ranks = [len(ir.RankedTensorType(t).shape) for t in arg_types]
                 fn.arg_attrs = argument_attrs(plan, [s or "{replicated}" for s in shardings], ranks)
+            _add_aliases(fn, [n.meta.get("aliasing_output") for n in placeholders], len(arg_types), partitioned)
             block = fn.body.blocks.append(*arg_types)
         if plan is not None:
             add_mesh(module, plan)
@@ -398,3 +399,20 @@ def _legalize(module: ir.Module) -> None:
     """Rewrite CHLO ops (erf, erf_inv, asin, ...) into StableHLO so the artifact is portable."""
     pm = passmanager.PassManager.parse("builtin.module(func.func(chlo-legalize-to-stablehlo))")
     pm.run(module.operation)
+
+
+def _add_aliases(fn: Any, aliases: list[int | None], num_args: int, partitioned: bool) -> None:
+    """Mark each argument with an ``aliasing_output`` (a donated input, see the trace's ``_donation``) as
+    ``tf.aliasing_output = j``, as jax does: XLA then writes output ``j`` into that argument's buffer."""
+    if all(a is None for a in aliases):
+        return
+    i32 = ir.IntegerType.get_signless(32)
+    old = list(ir.ArrayAttr(fn.arg_attrs)) if partitioned else []
+    dicts = []
+    for i in range(num_args):
+        entries = {named.name: named.attr for named in ir.DictAttr(old[i])} if i < len(old) else {}
+        alias = aliases[i] if i < len(aliases) else None
+        if alias is not None:
+            entries["tf.aliasing_output"] = ir.IntegerAttr.get(i32, alias)
+        dicts.append(ir.DictAttr.get(entries))
+    fn.arg_attrs = ir.ArrayAttr.get(dicts)

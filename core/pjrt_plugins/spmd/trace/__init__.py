@@ -9,6 +9,7 @@ Not a public API: use ``pjrt_plugins.spmd``.
 from __future__ import annotations
 
 from ._closures import add_step_closure, run_step_closures, wait_async_closures
+from ._donation import donation_enabled, set_donation
 from ._host_read import read_on_host
 from ._inspect import lower_pending
 from ._manual import in_manual_region
@@ -37,6 +38,8 @@ from ._state import ENGINE, EngineState
 from ._trace import LazyValue
 
 __all__ = [
+    "donation_enabled",
+    "set_donation",
     "add_step_closure",
     "lower_pending",
     "run_step_closures",

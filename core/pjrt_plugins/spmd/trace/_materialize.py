@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ...errors import VirtualDeviceError
+from ...errors import PjrtError, VirtualDeviceError
 from ..devices import VirtualDevice, count, rng_keys_tensor, virtual_device
 from ..execution import (
     CompiledProgram,
@@ -28,6 +28,7 @@ from ..execution import (
 from ..sharding import OpSharding
 from ..transport import TensorData, TensorState, reshard_buffers, upload_host_tensor
 from ._closures import run_step_closures
+from ._donation import donated_inputs
 from ._output_specs import out_meta
 from ._manual import is_region_value
 from ._record import key_value, raise_stale, spec_token
@@ -150,12 +151,15 @@ def live_outputs(trace: Trace) -> dict[int, list[TensorData]]:
     return holders
 
 
-def build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) -> fx.Graph:
+def build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding],
+                donated: tuple[tuple[int, int], ...] = ()) -> fx.Graph:
     """The torch.fx graph of ``trace``'s entries (on a compile-cache miss only): inputs are its placeholders,
-    ``outputs`` its results, ``pins`` its sharding constraints."""
+    ``outputs`` its results, ``pins`` its sharding constraints, ``donated`` its ``(input, output)`` aliases."""
     graph = fx.Graph()
     nodes: list[fx.Node] = []
     inputs = iter(trace.inputs)
+    aliases = dict(donated)
+    placeholders = 0
     scalars = trace.scalars
     rng_rows = 0
     for entry, out in zip(trace.entries, trace.outs):
@@ -164,6 +168,9 @@ def build_graph(trace: Trace, outputs: list[int], pins: dict[int, OpSharding]) -
             source = next(inputs)
             node = graph.placeholder(f"in{len(nodes)}")
             node.meta["sharding"] = source.sharding
+            if placeholders in aliases:
+                node.meta["aliasing_output"] = aliases[placeholders]
+            placeholders += 1
             if source.mesh is not None:  # the lowering's Shardy mesh takes its axis names
                 mesh = source.mesh
                 node.meta["mesh"] = (mesh.mesh_shape, mesh.axis_names, tuple(mesh.device_ids.tolist()))
@@ -240,25 +247,39 @@ def _execute(trace: Trace) -> None:
     outputs = sorted(holders)
     pins = output_pins(trace, holders, outputs)
     vd = virtual_device()
-    columns = []
-    for source in trace.inputs:
-        if source.generation != vd.generation:
-            raise VirtualDeviceError("an input of the pending graph lives on a virtual device that was replaced; "
-                                     "move it to pjrt again from a CPU copy")
-        columns.append(source.buffers)
+    if any(source.generation != vd.generation for source in trace.inputs):
+        raise VirtualDeviceError("an input of the pending graph lives on a virtual device that was replaced; "
+                                 "move it to pjrt again from a CPU copy")
+    columns = [source.buffers for source in trace.inputs]  # no name left holding an input (see _donation)
     if trace.scalars:
         columns.append(_scalar_buffers(trace.scalars, vd))
     if trace.rng:
         columns.append(upload_host_tensor(rng_keys_tensor(trace.rng), None, vd))
     options = lowering_options(vd)
     # The step the trace ended on stands for its whole sequence of entries (see the note on recording).
-    key = (trace.cursor, tuple(outputs), tuple(sorted((i, spec_token(s)) for i, s in pins.items())), options,
-           plugin_identity(vd))
-    program = program_for(key, lambda: build_graph(trace, outputs, pins), vd, options)
+    base = (trace.cursor, tuple(outputs), tuple(sorted((i, spec_token(s)) for i, s in pins.items())), options,
+            plugin_identity(vd))
+    refused = ENGINE.donation_refused
+    donated = () if base in refused else donated_inputs(trace, holders, outputs, pins, columns)
+    try:
+        program = program_for((*base, donated), lambda: build_graph(trace, outputs, pins, donated), vd, options)
+    except PjrtError as exc:
+        if not donated or "alias" not in str(exc):
+            raise
+        # XLA gave an output another layout than its donated input has (it may change the layouts of outputs):
+        # this program runs without donation from now on.
+        logger.info("a program cannot donate its inputs (%s); it runs without donation", exc)
+        refused.add(base)
+        donated = ()
+        program = program_for((*base, donated), lambda: build_graph(trace, outputs, pins), vd, options)
     _realign_inputs(program, trace, columns, vd)
     t1 = time.perf_counter()
     results = execute_program(program, columns, vd)
     t2 = time.perf_counter()
+    if donated:  # the plugin owns those buffers now: drop them unread
+        count("donated_buffers", sum(len(columns[k]) for k, _ in donated))
+        for k, _ in donated:
+            trace.inputs[k].buffers = []
     generation = vd.generation
     single = options.num_partitions == 1
     for j, index in enumerate(outputs):

@@ -60,10 +60,11 @@ class LazyValue:
 class TraceInput:
     """A graph input: the device buffers its entry stands for, fixed at record time."""
 
-    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh")
+    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh", "data_id")
 
     def __init__(self, data: TensorData) -> None:
         assert data.buffers is not None and data.sharding is not None
+        self.data_id = data.id  # which tensor data it was read from (see _donation)
         self.buffers = data.buffers  # never changed in place: a state change replaces the list
         self.generation = data.generation
         self.sharding = data.sharding
