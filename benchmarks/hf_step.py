@@ -28,11 +28,14 @@ programs on both compilers (the plugin's XLA and jaxlib's), which tells a slower
 ``hf_step_ops.py DIR/*.mlir`` splits each program's execution into its ops.
 
 ``--torchax-without-donation`` adds torchax's step jitted without ``donate_argnums``: every step then writes its
-state to new buffers, as ours does (our engine donates nothing), which sizes what donation is worth.
+state to new buffers. ``--ours-without-donation`` adds our compiled step with ``xs.set_donation(False)`` (our engine
+donates the parameters and optimizer state a step replaces in place by default). Together they size what donation
+is worth on each side.
 ``--fused`` gives ours ``AdamW(fused=True)``: the whole update is one recorded op instead of torch's foreach ops.
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
-     [--meshes data,megatron] [--fused] [--torchax-without-donation] [--dump-programs DIR]
+     [--meshes data,megatron] [--fused] [--torchax-without-donation] [--ours-without-donation]
+     [--dump-programs DIR]
 """
 
 from __future__ import annotations
@@ -118,10 +121,12 @@ def hlo_counts(text: str) -> dict[str, int]:
 class TorchSide:
     """One torch training loop on ``pjrt`` (ours, eager or compiled) or ``xla`` (PyTorch/XLA)."""
 
-    def __init__(self, kind: str, mesh_name: str, compiled: bool = False, fused: bool = False) -> None:
+    def __init__(self, kind: str, mesh_name: str, compiled: bool = False, fused: bool = False,
+                 donate: bool = True) -> None:
         import torch
 
         self.kind = kind
+        self.donate = donate
         shape, axes = MESHES[mesh_name]
         ids, labels = (torch.from_numpy(a) for a in batch())
         model = build_model()
@@ -131,6 +136,7 @@ class TorchSide:
 
             self.xs = xs
             xs.set_plugin("cpu", options={"cpu_device_count": 8})
+            xs.set_donation(donate)
             device, mark, mesh = "pjrt", xs.mark_sharding, xs.Mesh(range(8), shape, axes)
             self.sync = xs.sync
         else:
@@ -157,8 +163,11 @@ class TorchSide:
 
     def run(self, steps: int) -> dict[str, Any]:
         clock = time.perf_counter
-        out: dict[str, list] = {"times": [], "execute": [], "programs": [], "ops": [], "key": [], "after": []}
+        out: dict[str, list] = {"times": [], "execute": [], "programs": [], "ops": [], "key": [], "after": [],
+                               "donated": []}
         pjrt = self.kind == "pjrt"
+        if pjrt:
+            self.xs.set_donation(self.donate)  # sides share the process: each runs with its own setting
         for _ in range(steps):
             before = self.xs.metrics() if pjrt else None
             t0 = clock()
@@ -174,6 +183,7 @@ class TorchSide:
                 out["execute"].append(after.execute_seconds - before.execute_seconds)
                 out["programs"].append(after.executions - before.executions)
                 out["ops"].append(after.ops_recorded - before.ops_recorded)
+                out["donated"].append(after.donated_buffers - before.donated_buffers)
                 split = _last_run_split()
                 out["key"].append(split.get("key", float("nan")))
                 out["after"].append(split.get("after", float("nan")))
@@ -326,6 +336,7 @@ def _load() -> str:
 
 EAGER, COMPILED, XLA, TORCHAX = "ours eager", "ours torch.compile", "PyTorch/XLA", "torchax"
 TORCHAX_NO_DONATION = "torchax, no donation"
+COMPILED_NO_DONATION = "ours torch.compile, no donation"
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -365,13 +376,16 @@ def compare(args: argparse.Namespace) -> None:
                                python=args.torchax_python, env=torchax_env())
                     workers.append(w)
                     sides[(TORCHAX_NO_DONATION, mesh)] = w
-            for name, compiled in ((EAGER, False), (COMPILED, True)):
+            ours = [(EAGER, False, True), (COMPILED, True, True)]
+            if args.ours_without_donation:
+                ours.append((COMPILED_NO_DONATION, True, False))
+            for name, compiled, donate in ours:
                 t0 = time.perf_counter()
                 known = _our_programs()
-                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused)
+                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused, donate=donate)
                 new = [p for k, p in _our_programs().items() if k not in known]
                 hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
-                if args.dump_programs and compiled and new:
+                if args.dump_programs and compiled and donate and new:
                     step = max(new, key=lambda p: len(p.lowered.text))
                     with open(os.path.join(args.dump_programs, f"ours-compiled-{mesh}.mlir"), "w") as f:
                         f.write(step.lowered.text)
@@ -391,7 +405,8 @@ def compare(args: argparse.Namespace) -> None:
             w.close()
 
     print()
-    names = [n for n in (EAGER, COMPILED, XLA, TORCHAX, TORCHAX_NO_DONATION) if any(k[0] == n for k in results)]
+    names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION, XLA, TORCHAX, TORCHAX_NO_DONATION)
+             if any(k[0] == n for k in results)]
     table = Table([("mesh", 10, ""), *((f"{n} ms", max(len(n) + 3, 9), ".1f") for n in names)])
     print("median step time")
     print(table.header())
@@ -401,23 +416,27 @@ def compare(args: argparse.Namespace) -> None:
     print()
     print("ratios (ours / side, same run)")
     peers = [n for n in (XLA, TORCHAX, TORCHAX_NO_DONATION) if n in names]
+    our_names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION) if n in names]
     ratio_table = Table([("mesh", 10, ""), *((f"{o} / {p}", len(o) + len(p) + 3, ".2f")
-                                              for o in (EAGER, COMPILED) for p in peers)])
+                                              for o in our_names for p in peers)])
     print(ratio_table.header())
     for mesh in meshes:
         print(ratio_table.row(mesh, *(_ms(results[(o, mesh)]["times"]) / _ms(results[(p, mesh)]["times"])
-                                      for o in (EAGER, COMPILED) for p in peers)))
+                                      for o in our_names for p in peers)))
     print()
-    print("our step split (medians): python = step - execute; key and after are those of the step's last program")
-    split_table = Table([("side", 30, ""), ("step ms", 8, ".1f"), ("execute", 8, ".1f"), ("python", 8, ".1f"),
-                         ("key", 7, ".2f"), ("after", 7, ".2f"), ("programs", 9, ".0f"), ("ops", 6, ".0f")])
+    print("our step split (medians): python = step - execute; key and after are those of the step's last program; "
+          "donated: device buffers given to the step's programs to write their outputs into")
+    split_table = Table([("side", 41, ""), ("step ms", 8, ".1f"), ("execute", 8, ".1f"), ("python", 8, ".1f"),
+                         ("key", 7, ".2f"), ("after", 7, ".2f"), ("programs", 9, ".0f"), ("ops", 6, ".0f"),
+                         ("donated", 8, ".0f")])
     print(split_table.header())
     for (name, mesh), r in results.items():
-        if name not in (EAGER, COMPILED):
+        if name not in (EAGER, COMPILED, COMPILED_NO_DONATION):
             continue
         python = [t - e for t, e in zip(r["times"], r["execute"])]
         print(split_table.row(f"{name}, {mesh}", _ms(r["times"]), _ms(r["execute"]), _ms(python), _ms(r["key"]),
-                              _ms(r["after"]), statistics.median(r["programs"]), statistics.median(r["ops"])))
+                              _ms(r["after"]), statistics.median(r["programs"]), statistics.median(r["ops"]),
+                              statistics.median(r["donated"])))
     if any(k[0] == TORCHAX for k in results):
         for mesh in meshes:
             r = results[(TORCHAX, mesh)]
@@ -452,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-programs", default=None, metavar="DIR",
                         help="write the StableHLO of our compiled step and of torchax's step per mesh into DIR, "
                              "for xla_cross_compile.py and hf_step_ops.py")
+    parser.add_argument("--ours-without-donation", action="store_true",
+                        help="add our compiled step with xs.set_donation(False)")
     parser.add_argument("--torchax-without-donation", action="store_true",
                         help="also run torchax's step without donating its state (a new buffer for every output, as "
                              "our engine has)")
