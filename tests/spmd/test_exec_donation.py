@@ -8,6 +8,7 @@ Runs on the 8-device CPU plugin; the reference is the same loop with donation of
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd.trace import ENGINE
 
 from _exec_support import engine  # noqa: F401
 
@@ -193,3 +195,32 @@ def test_the_environment_variable_turns_donation_off(monkeypatch):
         _donation.donation_enabled()
     monkeypatch.delenv("PJRT_PLUGINS_DONATE")
     assert _donation.donation_enabled()
+
+
+def test_a_program_xla_cannot_alias_runs_without_donation(engine, donation, caplog, monkeypatch):
+    """A fused AdamW over a replicated bias next to row-split weights: XLA shards the new bias like the weight,
+    so that input cannot be aliased; the program is compiled again without donation, with the same results."""
+
+    def run(donate: bool):
+        xs.set_donation(donate)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to("pjrt")
+        mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+        xs.mark_sharding(model[0].weight, mesh, ("model", None))
+        xs.mark_sharding(model[2].weight, mesh, (None, "model"))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            x, y = torch.randn(16, 8, generator=g).to("pjrt"), torch.randn(16, 4, generator=g).to("pjrt")
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            xs.sync()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    monkeypatch.setattr(ENGINE, "donation_refused", set())  # forget a refusal of an earlier test's same program
+    with caplog.at_level(logging.INFO, logger="pjrt_plugins.spmd.trace"):
+        donated = run(True)
+    assert "runs without donation" in caplog.text  # the path this test is about was taken
+    for a, b in zip(donated, run(False)):
+        assert torch.equal(a, b)
