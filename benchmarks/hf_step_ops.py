@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from _measure import Table, Worker, serve_commands
-from xla_cross_compile import DEVICES, _value, arguments, prepare, uses_shardy
+from xla_cross_compile import DEVICES, jaxlib_compile, prepare
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 LAYOUT = ("copy", "transpose", "bitcast", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
@@ -90,25 +90,12 @@ def _kind(opcode: str, line: str, bodies: dict[str, str]) -> str:
 
 def worker(paths: list[str]) -> int:
     import jax
-    import numpy as np
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client as xc
-    from jax._src.sharding_impls import GSPMDSharding
     from pjrt_plugins.runtime._xspace import trace_events
 
-    jax.config.update("jax_enable_x64", True)  # int64 inputs stay int64
-    devices = jax.devices()[:DEVICES]
     programs = {}
     for path in paths:
         text = prepare(Path(path).read_text())
-        options = xc.CompileOptions()
-        build = options.executable_build_options
-        build.num_replicas, build.num_partitions, build.use_spmd_partitioning = 1, DEVICES, True
-        build.use_shardy_partitioner = uses_shardy(text)
-        build.device_assignment = xc.DeviceAssignment.create(np.arange(DEVICES).reshape(1, DEVICES))
-        exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
-        arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
-                  for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
+        exe, arrays = jaxlib_compile(text)
         hlo = "\n".join(m.to_string() for m in exe.hlo_modules())
         programs[path] = (exe, arrays, op_kinds(hlo))
 

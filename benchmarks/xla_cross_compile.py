@@ -174,9 +174,8 @@ def plugin_runner(text: str, donate: bool = False) -> Callable[[], float]:
     return run
 
 
-def jaxlib_runner(text: str) -> Callable[[], float]:
-    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices); a call runs it, waits for it and returns
-    the seconds that took."""
+def jaxlib_compile(text: str) -> tuple[Any, list[Any]]:
+    """``text`` compiled by jaxlib's XLA (its CPU client, 8 host devices), and arguments laid out as it asks."""
     import jax
     import numpy as np
     from jax._src import xla_bridge
@@ -193,6 +192,12 @@ def jaxlib_runner(text: str) -> Callable[[], float]:
     exe = xla_bridge.get_backend("cpu").compile_and_load(text, xc.DeviceList(tuple(devices)), options)
     arrays = [jax.device_put(_value(shape, dtype), GSPMDSharding(devices, sharding))
               for (shape, dtype, _), sharding in zip(arguments(text), exe.get_parameter_shardings())]
+    return exe, arrays
+
+
+def jaxlib_runner(text: str) -> Callable[[], float]:
+    """``text`` compiled by jaxlib's XLA; a call runs it, waits for it and returns the seconds that took."""
+    exe, arrays = jaxlib_compile(text)
 
     def run() -> float:
         t0 = time.perf_counter()

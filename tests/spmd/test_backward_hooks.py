@@ -15,8 +15,9 @@ import textwrap
 
 import pytest
 
-CHILD = textwrap.dedent('''
-    import sys, torch
+#: What both child scripts start with: the errors a hook raises, and how one backward's outcome is printed.
+PROLOGUE = textwrap.dedent('''
+    import torch
     import pjrt_plugins.spmd as xs
 
     class Stop(BaseException):
@@ -25,6 +26,18 @@ CHILD = textwrap.dedent('''
     ERRORS = {"KeyboardInterrupt": KeyboardInterrupt("stop"), "ValueError": ValueError("bad"),
               "SystemExit": SystemExit(3), "Stop": Stop("mine")}
 
+    def outcome(loss, x, call):
+        try:
+            if call == "backward":
+                loss.backward()
+            else:
+                torch.autograd.grad(loss, [x])
+            return "no error"
+        except BaseException as exc:
+            return f"{type(exc).__name__}: {exc}"
+''')
+
+CHILD = PROLOGUE + textwrap.dedent('''
     def run(device, kind, where, threads, call):
         error = ERRORS[kind]
 
@@ -42,15 +55,7 @@ CHILD = textwrap.dedent('''
             else:  # post-accumulate: after the gradient lands in x.grad
                 x.register_post_accumulate_grad_hook(hook)
                 y = x * 4
-            loss = y.sum()
-            try:
-                if call == "backward":
-                    loss.backward()
-                else:
-                    torch.autograd.grad(loss, [x])
-                return "no error"
-            except BaseException as exc:
-                return f"{type(exc).__name__}: {exc}"
+            return outcome(y.sum(), x, call)
 
     for device in ("cpu", "pjrt"):
         for kind in ERRORS:
@@ -66,15 +71,20 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="module")
-def child_lines() -> dict[tuple[str, ...], str]:
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
+def _run_child(script: str) -> dict[tuple[str, ...], str]:
+    """Each printed ``case words -> outcome`` line of ``script`` run in a child, which must not die."""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"the process died ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     lines = {}
     for line in proc.stdout.splitlines():
         head, _, result = line.partition(" -> ")
         lines[tuple(head.split())] = result
     return lines
+
+
+@pytest.fixture(scope="module")
+def child_lines() -> dict[tuple[str, ...], str]:
+    return _run_child(CHILD)
 
 
 @pytest.mark.parametrize("kind", ["KeyboardInterrupt", "ValueError", "SystemExit", "Stop"])
@@ -101,16 +111,7 @@ def test_the_process_goes_on_computing_gradients(child_lines):
 
 # Hooks on autograd's nodes: a module's full backward hook and pre-hook (torch registers them on the node
 # of the module's input and output), and grad_fn.register_hook / register_prehook.
-NODE_CHILD = textwrap.dedent('''
-    import torch
-    import pjrt_plugins.spmd as xs
-
-    class Stop(BaseException):
-        pass
-
-    ERRORS = {"KeyboardInterrupt": KeyboardInterrupt("stop"), "ValueError": ValueError("bad"),
-              "SystemExit": SystemExit(3), "Stop": Stop("mine")}
-
+NODE_CHILD = PROLOGUE + textwrap.dedent('''
     def run(device, kind, where, threads, call):
         error = ERRORS[kind]
 
@@ -129,14 +130,7 @@ NODE_CHILD = textwrap.dedent('''
                 y.grad_fn.register_hook(hook)
             elif where == "node_pre":
                 y.grad_fn.register_prehook(hook)
-            try:
-                if call == "backward":
-                    y.sum().backward()
-                else:
-                    torch.autograd.grad(y.sum(), [x])
-                return "no error"
-            except BaseException as exc:
-                return f"{type(exc).__name__}: {exc}"
+            return outcome(y.sum(), x, call)
 
     for device in ("cpu", "pjrt"):
         for kind in ERRORS:
@@ -176,13 +170,7 @@ NODE_CHILD = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def node_child_lines() -> dict[tuple[str, ...], str]:
-    proc = subprocess.run([sys.executable, "-c", NODE_CHILD], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"the process died ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
-    lines = {}
-    for line in proc.stdout.splitlines():
-        head, _, result = line.partition(" -> ")
-        lines[tuple(head.split())] = result
-    return lines
+    return _run_child(NODE_CHILD)
 
 
 @pytest.mark.parametrize("kind", ["KeyboardInterrupt", "ValueError", "SystemExit", "Stop"])
