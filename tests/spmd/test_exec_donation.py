@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import execution
+from pjrt_plugins.spmd.lowering import _module
 from pjrt_plugins.spmd.trace import ENGINE
 
 from _exec_support import engine  # noqa: F401
@@ -197,30 +198,64 @@ def test_the_environment_variable_turns_donation_off(monkeypatch):
     assert _donation.donation_enabled()
 
 
-def test_a_program_xla_cannot_alias_runs_without_donation(engine, donation, caplog, monkeypatch):
-    """A fused AdamW over a replicated bias next to row-split weights: XLA shards the new bias like the weight,
-    so that input cannot be aliased; the program is compiled again without donation, with the same results."""
-
-    def run(donate: bool):
-        xs.set_donation(donate)
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to("pjrt")
+def _fused_adamw(donate: bool, device: str = "pjrt"):
+    """Three steps of a fused AdamW over a replicated bias next to row-split weights (XLA would shard the new
+    bias like the weight unless the result keeps its input's sharding); the parameters after them."""
+    xs.set_donation(donate)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    if device == "pjrt":
         mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
         xs.mark_sharding(model[0].weight, mesh, ("model", None))
         xs.mark_sharding(model[2].weight, mesh, (None, "model"))
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
-        g = torch.Generator().manual_seed(1)
-        for _ in range(3):
-            x, y = torch.randn(16, 8, generator=g).to("pjrt"), torch.randn(16, 4, generator=g).to("pjrt")
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-            opt.zero_grad()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(16, 8, generator=g).to(device), torch.randn(16, 4, generator=g).to(device)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if device == "pjrt":
             xs.sync()
-        return [p.detach().cpu() for p in model.parameters()]
+    return [p.detach().cpu() for p in model.parameters()]
 
-    monkeypatch.setattr(ENGINE, "donation_refused", set())  # forget a refusal of an earlier test's same program
+
+@pytest.fixture(params=["gspmd", "shardy"])
+def partitioner(request):
+    """Each partitioner for the test, the default choice back afterwards."""
+    xs.set_partitioner(request.param)
+    yield request.param
+    xs.set_partitioner(None)
+    execution.reset_partitioner_probes()
+    execution.clear_compile_cache()
+
+
+def test_a_fused_adamw_with_mixed_shardings_donates(engine, donation, partitioner, caplog):
+    """Each donated result keeps its input's sharding (a result attribute), so XLA aliases them all: the
+    parameters are donated, nothing is compiled again without donation, and the values are right."""
+    xs.clear_compile_cache()  # forget a refusal (or a program) of an earlier test
+    before = xs.metrics().donated_buffers
     with caplog.at_level(logging.INFO, logger="pjrt_plugins.spmd.trace"):
-        donated = run(True)
-    assert "runs without donation" in caplog.text  # the path this test is about was taken
-    for a, b in zip(donated, run(False)):
+        donated = _fused_adamw(True)
+    assert xs.metrics().donated_buffers > before
+    assert "runs without donation" not in caplog.text
+    assert execution.last_program().lowered.partitioner == partitioner
+    for a, b, c in zip(donated, _fused_adamw(False), _fused_adamw(False, "cpu")):
         assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+
+
+def test_a_program_xla_cannot_alias_runs_without_donation(engine, donation, caplog, monkeypatch):
+    """Whatever alias XLA still refuses (here: the fused AdamW without its results' shardings, so XLA shards
+    the new bias like the weight) compiles the program again without donation, with the same results; and
+    ``clear_compile_cache`` forgets that refusal."""
+    monkeypatch.setattr(_module, "_pin_aliased_results", lambda *args: None)
+    xs.clear_compile_cache()  # forget a refusal (or a program) of an earlier test
+    with caplog.at_level(logging.INFO, logger="pjrt_plugins.spmd.trace"):
+        donated = _fused_adamw(True)
+    assert "runs without donation" in caplog.text  # the path this test is about was taken
+    assert ENGINE.programs.donation_refused
+    for a, b in zip(donated, _fused_adamw(False)):
+        assert torch.equal(a, b)
+    xs.clear_compile_cache()
+    assert not ENGINE.programs.donation_refused

@@ -118,18 +118,24 @@ def program_key(graph: fx.Graph, options: LoweringOptions, identity: tuple, sign
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compile_options(num_partitions: int, device_assignment: Sequence[int], shardy: bool = False) -> CompileOptions:
+def compile_options(num_partitions: int, device_assignment: Sequence[int], shardy: bool = False,
+                    pinned_outputs: Sequence[int] = (), num_outputs: int = 0) -> CompileOptions:
     """One replica, ``num_partitions`` partitions on ``device_assignment``, SPMD partitioning on (with Shardy when
     ``shardy``: the module carries ``sdy`` shardings).
 
     Outputs carry no sharding in the module, so ``allow_spmd_sharding_propagation_to_output``
-    lets the partitioner choose their layouts (read back by :func:`read_output_shardings`).
+    lets the partitioner choose their layouts (read back by :func:`read_output_shardings`), except
+    ``pinned_outputs`` (of ``num_outputs``): the module fixes their sharding (a donated input's).
     """
+    propagate: bool | list[bool] = True
+    if pinned_outputs:
+        fixed = set(pinned_outputs)
+        propagate = [j not in fixed for j in range(num_outputs)]
     return CompileOptions(
         num_replicas=1,
         num_partitions=num_partitions,
         use_spmd_partitioning=num_partitions > 1,
         device_assignment=[list(device_assignment)],
-        allow_spmd_sharding_propagation_to_output=True,
+        allow_spmd_sharding_propagation_to_output=propagate,
         use_shardy_partitioner=shardy and num_partitions > 1,
     )

@@ -87,6 +87,8 @@ class ProgramCache:
         self.last: CompiledProgram | None = None
         #: program key -> the argument shardings its executable wants (see :func:`parameter_shardings`).
         self.parameter_shardings: dict[str, list[OpSharding] | None] = {}
+        #: keys of traces whose program XLA would not compile with donated inputs (the trace's ``_materialize``).
+        self.donation_refused: set[Hashable] = set()
 
     def get(self, key: Hashable) -> CompiledProgram | None:
         with self.lock:
@@ -107,6 +109,7 @@ class ProgramCache:
         with self.lock:
             self.programs.clear()
             self.parameter_shardings.clear()
+            self.donation_refused.clear()
             self.last = None
 
 
@@ -185,7 +188,8 @@ def _compile(key: str, graph: fx.Graph, options: LoweringOptions, vd: VirtualDev
     lowered = lower_graph(graph, options)
     t1 = time.perf_counter()
     count("lowering_seconds", t1 - t0)
-    compile_opts = compile_options(options.num_partitions, list(vd.device_assignment), lowered.partitioner == "shardy")
+    compile_opts = compile_options(options.num_partitions, list(vd.device_assignment), lowered.partitioner == "shardy",
+                                   lowered.pinned_outputs, len(lowered.output_shapes))
     identity = plugin_identity(vd)
     stored = disk_cache.load_executable(vd.client, lowered.artifact, compile_opts, identity)
     if stored is not None:

@@ -68,6 +68,9 @@ class LoweredModule:
     #: The annotations the module carries: ``"shardy"`` (compile with the Shardy partitioner) or ``"gspmd"``.
     partitioner: str = "gspmd"
     ops: dict[str, int] = field(default_factory=dict)
+    #: Outputs whose sharding the module fixes (a donated input's, see ``_pin_aliased_results``): the partitioner
+    #: must keep it rather than choose another.
+    pinned_outputs: tuple[int, ...] = ()
 
 
 def sharding_string(spec: OpSharding | str | None) -> str | None:
@@ -194,6 +197,10 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         fn.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get(arg_types, [r.value.type for r in results])
         )
+        aliases = [n.meta.get("aliasing_output") for n in placeholders]
+        pinned = tuple(sorted(a for a in aliases if a is not None)) if partitioned else ()
+        if pinned:
+            _pin_aliased_results(fn, aliases, len(results))
         _legalize(module)
         if not module.operation.verify():
             raise LoweringError("internal: the lowered module does not verify")
@@ -217,6 +224,7 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         ops=counts,
         scalars_input=scalars_input,
         partitioner="shardy" if plan is not None else "gspmd",
+        pinned_outputs=pinned,
     )
 
 
@@ -416,3 +424,21 @@ def _add_aliases(fn: Any, aliases: list[int | None], num_args: int, partitioned:
             entries["tf.aliasing_output"] = ir.IntegerAttr.get(i32, alias)
         dicts.append(ir.DictAttr.get(entries))
     fn.arg_attrs = ir.ArrayAttr.get(dicts)
+
+
+def _pin_aliased_results(fn: Any, aliases: list[int | None], num_results: int) -> None:
+    """Give each result an argument donates its buffer to that argument's sharding as a result attribute
+    (``mhlo.sharding`` or ``sdy.sharding``, as jax does for donated outputs): XLA may otherwise lay the result
+    out another way than the argument, and then refuses the alias."""
+    if all(a is None for a in aliases):
+        return
+    args = list(ir.ArrayAttr(fn.arg_attrs))
+    results: list[dict[str, Any]] = [{} for _ in range(num_results)]
+    for i, j in enumerate(aliases):
+        if j is None or i >= len(args) or j >= num_results:
+            continue
+        entries = {named.name: named.attr for named in ir.DictAttr(args[i])}
+        for name in ("mhlo.sharding", "sdy.sharding"):
+            if name in entries:
+                results[j][name] = entries[name]
+    fn.attributes["res_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(r) for r in results])

@@ -259,7 +259,7 @@ def _execute(trace: Trace) -> None:
     # The step the trace ended on stands for its whole sequence of entries (see the note on recording).
     base = (trace.cursor, tuple(outputs), tuple(sorted((i, spec_token(s)) for i, s in pins.items())), options,
             plugin_identity(vd))
-    refused = ENGINE.donation_refused
+    refused = ENGINE.programs.donation_refused
     donated = () if base in refused else donated_inputs(trace, holders, outputs, pins, columns)
     try:
         program = program_for((*base, donated), lambda: build_graph(trace, outputs, pins, donated), vd, options)

@@ -34,14 +34,13 @@ class EngineState:
     - ``meta_cache`` / ``decomposition_specs``: output specs by operator and argument specs.
     - ``last_scalars``: the last run-time scalars and their buffers (reused while they do not change).
     - ``realign_positions``: per program key, the inputs its executable wants laid out otherwise.
-    - ``donation_refused``: keys of traces whose program XLA would not compile with donated inputs.
     - ``last_timings``: where the last materialization's time went.
     - ``programs``: the execution layer's compile cache.
     """
 
     __slots__ = ("lock", "trace", "root", "steps", "op_infos", "ops_by_id", "spec_tokens",
                  "spec_tokens_by_id", "meta_cache", "decomposition_specs", "last_scalars", "realign_positions",
-                 "donation_refused", "last_timings", "programs")
+                 "last_timings", "programs")
 
     def __init__(self, programs: ProgramCache) -> None:
         self.lock = threading.RLock()
@@ -60,7 +59,6 @@ class EngineState:
         self.decomposition_specs: dict[Any, Any] = {}
         self.last_scalars: tuple[tuple[float, ...], int, list[Any]] | None = None
         self.realign_positions: dict[str, list[int]] = {}
-        self.donation_refused: set[tuple] = set()  # keys of traces whose program cannot donate (_materialize)
         self.last_timings: dict[str, float] = {"key": 0.0, "execute": 0.0, "after": 0.0}
 
     def current_trace(self) -> Trace:
