@@ -257,5 +257,6 @@ def test_a_program_xla_cannot_alias_runs_without_donation(engine, donation, capl
     assert ENGINE.programs.donation_refused
     for a, b in zip(donated, _fused_adamw(False)):
         assert torch.equal(a, b)
+    assert ENGINE.programs.donation_fits  # what may alias what, remembered per program key
     xs.clear_compile_cache()
-    assert not ENGINE.programs.donation_refused
+    assert not ENGINE.programs.donation_refused and not ENGINE.programs.donation_fits

@@ -89,6 +89,8 @@ class ProgramCache:
         self.parameter_shardings: dict[str, list[OpSharding] | None] = {}
         #: keys of traces whose program XLA would not compile with donated inputs (the trace's ``_materialize``).
         self.donation_refused: set[Hashable] = set()
+        #: per such key, which (input, output) pairs match in shape, dtype and sharding (the trace's ``_donation``).
+        self.donation_fits: dict[Hashable, dict[tuple[int, int], bool]] = {}
 
     def get(self, key: Hashable) -> CompiledProgram | None:
         with self.lock:
@@ -110,6 +112,7 @@ class ProgramCache:
             self.programs.clear()
             self.parameter_shardings.clear()
             self.donation_refused.clear()
+            self.donation_fits.clear()
             self.last = None
 
 

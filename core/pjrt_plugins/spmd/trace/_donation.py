@@ -53,13 +53,18 @@ def donation_enabled() -> bool:
 
 
 def donated_inputs(trace: Trace, holders: dict[int, list[Any]], outputs: list[int], pins: dict[int, OpSharding],
-                   columns: list[Any]) -> tuple[tuple[int, int], ...]:
+                   columns: list[Any], fits: dict[tuple[int, int], bool] | None = None) -> tuple[tuple[int, int], ...]:
     """``((input position, output position), ...)``: the inputs whose buffers the program may write its
     outputs into. An input qualifies when the tensor it was read from holds output ``j`` now (an in-place
     update), with the same shape, dtype and layout (the output is pinned to the input's sharding), and no
-    other object refers to its buffers."""
+    other object refers to its buffers.
+
+    ``fits`` remembers, per ``(input, output)``, whether their shape, dtype and layout match: that depends only
+    on the trace's step and pins (the program's key), so the caller keeps one per key and passes it again."""
     if not donation_enabled():
         return ()
+    if fits is None:
+        fits = {}
     out_of: dict[int, int] = {}
     for j, index in enumerate(outputs):
         for data in holders[index]:
@@ -77,8 +82,11 @@ def donated_inputs(trace: Trace, holders: dict[int, list[Any]], outputs: list[in
         if found is None or found in taken:
             continue
         j = found
-        index = outputs[j]
-        if outs[index] != ("T", source.shape, source.dtype) or pins.get(index) != source.sharding:
+        fit = fits.get((k, j))
+        if fit is None:
+            index = outputs[j]
+            fit = fits[(k, j)] = outs[index] == ("T", source.shape, source.dtype) and pins.get(index) == source.sharding
+        if not fit:
             continue
         if columns[k] is not source.buffers or not twin.unshared(source):
             continue

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_graph", "last_run_timings", "live_outputs", "materialize", "output_pins", "sync"]
 
 _LAZY = TensorState.LAZY
+_FITS_KEPT = 4096  # keys whose donation fits are remembered (ENGINE.programs.donation_fits)
 
 
 def sync(wait: bool = True) -> None:
@@ -260,7 +261,15 @@ def _execute(trace: Trace) -> None:
     base = (trace.cursor, tuple(outputs), tuple(sorted((i, spec_token(s)) for i, s in pins.items())), options,
             plugin_identity(vd))
     refused = ENGINE.programs.donation_refused
-    donated = () if base in refused else donated_inputs(trace, holders, outputs, pins, columns)
+    donated: tuple[tuple[int, int], ...] = ()
+    if base not in refused:
+        fits = ENGINE.programs.donation_fits
+        known = fits.get(base)
+        if known is None:
+            if len(fits) >= _FITS_KEPT:  # a bound like the compile cache's: start again rather than grow
+                fits.clear()
+            known = fits[base] = {}
+        donated = donated_inputs(trace, holders, outputs, pins, columns, known)
     try:
         program = program_for((*base, donated), lambda: build_graph(trace, outputs, pins, donated), vd, options)
     except PjrtError as exc:
