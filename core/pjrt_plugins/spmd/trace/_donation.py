@@ -71,11 +71,13 @@ def donated_inputs(trace: Trace, holders: dict[int, list[Any]], outputs: list[in
             out_of.setdefault(data.id, j)
     if not out_of:
         return ()
+    # Count references before any name here holds an input or a buffer (see _held_only_by).
+    input_counts = _counts(trace.inputs)
+    list_counts = _counts(columns)
     pairs: list[tuple[int, int]] = []
     taken: set[int] = set()
     outs = trace.outs
     inputs = trace.inputs
-    twin = _Twins()
     for k in range(len(inputs)):
         source = inputs[k]
         found = out_of.get(source.data_id)
@@ -86,42 +88,25 @@ def donated_inputs(trace: Trace, holders: dict[int, list[Any]], outputs: list[in
         if fit is None:
             index = outputs[j]
             fit = fits[(k, j)] = outs[index] == ("T", source.shape, source.dtype) and pins.get(index) == source.sharding
-        if not fit:
+        if not fit or columns[k] is not source.buffers:
             continue
-        if columns[k] is not source.buffers or not twin.unshared(source):
+        # The input is held by trace.inputs alone, its buffer list by it and the columns, each buffer by the list.
+        if input_counts[k] > _HELD_ONCE or list_counts[k] > _HELD_ONCE + 1:
+            continue
+        if any(count > _HELD_ONCE for count in _counts(columns[k])):
             continue
         pairs.append((k, j))
         taken.add(j)
     return tuple(pairs)
 
 
-class _Twins:
-    """Objects held exactly as an unshared input, its buffer list and its buffers are, whose reference
-    counts the input's are compared with (what ``sys.getrefcount`` reports differs between Pythons)."""
-
-    def __init__(self) -> None:
-        self.inputs = [object()]  # as trace.inputs holds a TraceInput
-        self.lists = [[object()]]  # as a TraceInput holds its buffer list ...
-        self.columns = [self.lists[0]]  # ... and the argument columns too
-
-    def unshared(self, source: Any) -> bool:
-        """Nothing but the trace (its input, the argument columns) refers to ``source`` or its buffers.
-        Each object compared is held by as many names here and in the caller as its twin."""
-        twin = self.inputs[0]
-        caller_name = twin  # noqa: F841 - as the caller's loop variable holds ``source``
-        if _more(source, twin):
-            return False
-        buffers = source.buffers
-        twin_list = self.lists[0]
-        if _more(buffers, twin_list):
-            return False
-        twin_buffer = twin_list[0]
-        for buf in buffers:
-            if _more(buf, twin_buffer):
-                return False
-        return True
+def _counts(items: list[Any]) -> list[int]:
+    """The reference count of each item of ``items``, taken in C (``map``), so that no Python frame holds the
+    items while they are counted. Counting through names would be fragile: a frame's locals can gain a second
+    reference when something reads them (a debugger, a profiler, dynamo after a failed compile), and a count
+    one too high only stops a donation, but a count one too low would donate a buffer someone still reads."""
+    return list(map(sys.getrefcount, items))
 
 
-def _more(obj: Any, twin: Any) -> bool:
-    """``obj`` has more references than ``twin``."""
-    return sys.getrefcount(obj) > sys.getrefcount(twin)
+#: What :func:`_counts` reports for an object that one list alone holds.
+_HELD_ONCE = _counts([object()])[0]
