@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only: the client is the laye
     from ._client import Client
 
 _READY_EVENT = args_pool("PJRT_Buffer_ReadyEvent_Args")
+_BUFFER_DESTROY = args_pool("PJRT_Buffer_Destroy_Args")  # the pool Client._destroy_buffer takes from
 
 
 class _HostPin:
@@ -168,16 +169,29 @@ class Buffer(OwnedHandle):
 
     def _free_now(self) -> None:
         """:meth:`OwnedHandle._free_now` with the registry and the destroy written out: every output
-        of every execute ends here (its garbage collection), where each frame saved counts."""
+        of every execute ends here (its garbage collection), where each frame saved counts
+        (``benchmarks/runtime_buffers.py``: 0.1 us of about 1.1 us per buffer)."""
         client = self._client
         calls = client._calls
         calls.append(None)
         try:
             if not client._closed:
                 entry = client._live_buffers.pop(id(self), None)  # atomic: one caller wins
-                if entry is not None:
+                if entry is None:
+                    return
+                if entry[1] is not None or self._host is not None:  # host memory to let go of
                     host, self._host = self._host, None
                     client._destroy_buffer(entry, host)
+                    return
+                try:  # an execute's output: Client._destroy_buffer written out, one frame less
+                    args = _BUFFER_DESTROY.pop()
+                except IndexError:
+                    args = new_args("PJRT_Buffer_Destroy_Args")
+                args.buffer = entry[0]
+                err = client._destroy_buffer_fn(args)
+                if err:
+                    raise self._lib.error_to_exception(err, "PJRT_Buffer_Destroy")
+                _BUFFER_DESTROY.append(args)
         finally:
             calls.pop()
 
