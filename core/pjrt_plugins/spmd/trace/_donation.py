@@ -71,7 +71,7 @@ def donated_inputs(trace: Trace, holders: dict[int, list[Any]], outputs: list[in
             out_of.setdefault(data.id, j)
     if not out_of:
         return ()
-    # Count references before any name here holds an input or a buffer (see _held_only_by).
+    # Count references before any name here holds an input or a buffer (see _counts).
     input_counts = _counts(trace.inputs)
     list_counts = _counts(columns)
     pairs: list[tuple[int, int]] = []
