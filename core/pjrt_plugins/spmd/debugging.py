@@ -143,19 +143,11 @@ def _cells(spec: OpSharding, all_devices: Sequence[int]) -> tuple[tuple[tuple[in
         return ((tuple(sorted(spec.devices)),),)
     rows, cols = (1, tiles[0]) if len(tiles) == 1 else (tiles[0], tiles[1])
     grid: list[list[list[int]]] = [[[] for _ in range(cols)] for _ in range(rows)]
-    for position, device in enumerate(spec.devices):
-        coords = _unravel(position, spec.tile_shape)
+    for device in spec.devices:
+        coords = spec.tile_coordinates(device)
         i, j = (0, coords[0]) if len(tiles) == 1 else (coords[0], coords[1])
         grid[i][j].append(int(device))
     return tuple(tuple(tuple(sorted(cell)) for cell in row) for row in grid)
-
-
-def _unravel(position: int, shape: Sequence[int]) -> tuple[int, ...]:
-    coords = []
-    for size in reversed(shape):
-        coords.append(position % size)
-        position //= size
-    return tuple(reversed(coords))
 
 
 def visualize_sharding(sharding: str | OpSharding, use_color: bool = True, scale: float = 1.0,
