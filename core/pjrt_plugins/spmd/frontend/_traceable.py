@@ -68,12 +68,20 @@ def mark_sharding(
         xs.mark_sharding(linear.weight, mesh, (None, "model"))   # in place: still the Parameter
         xs.mark_sharding(torch.zeros(8, 4).to("pjrt"), (4, 2), (0, 1))   # the RFC's mesh-shape form
     """
-    if torch.compiler.is_compiling():
-        hint = IN_GRAPH.get("hint")
-        if hint is not None:
-            hint(t, mesh, _graphable(partition_spec))
-            return t  # type: ignore[return-value]
+    if _hinted_in_graph(t, mesh, partition_spec):
+        return t  # type: ignore[return-value]
     return _annotate.mark_sharding(t, mesh, partition_spec)
+
+
+def _hinted_in_graph(t: torch.Tensor, mesh: Mesh | Sequence[int], partition_spec: PartitionSpec) -> bool:
+    """Inside a ``torch.compile(backend="pjrt")`` graph, record a sharding hint on ``t`` instead (True when done)."""
+    if not torch.compiler.is_compiling():
+        return False
+    hint = IN_GRAPH.get("hint")
+    if hint is None:
+        return False
+    hint(t, mesh, _graphable(partition_spec))
+    return True
 
 
 def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: PartitionSpec) -> torch.Tensor:
@@ -109,11 +117,8 @@ def annotate_custom_sharding(t: torch.Tensor, mesh: Mesh, partition_spec: Partit
         xs.mark_sharding(t, mesh, (0, None))                 # t's data: split by rows
         xs.annotate_custom_sharding(t, mesh, (None, 0))      # the next ops use it split by columns
     """
-    if torch.compiler.is_compiling():
-        hint = IN_GRAPH.get("hint")
-        if hint is not None:
-            hint(t, mesh, _graphable(partition_spec))
-            return t  # type: ignore[return-value]
+    if _hinted_in_graph(t, mesh, partition_spec):
+        return t  # type: ignore[return-value]
     return _constraints.annotate_custom_sharding(t, mesh, partition_spec)
 
 
