@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import devices
@@ -58,3 +60,13 @@ def fresh_device_state(monkeypatch: pytest.MonkeyPatch):
     xs.reset_transfer_counters()
     yield
     devices.reset_choices()
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Each test compiles from scratch (dynamo caches compiled frames by code object), and leaves no
+    garbage of dynamo's behind for the tests that look for reference cycles."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()

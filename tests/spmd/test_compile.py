@@ -10,7 +10,6 @@ their meaning.
 from __future__ import annotations
 
 import copy
-import gc
 
 import pytest
 import torch
@@ -26,14 +25,7 @@ from _exec_support import assert_close, engine  # noqa: F401
 MESH = xs.Mesh(range(8), (2, 4), ("data", "model"))
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from scratch (dynamo caches compiled frames by code object), and leaves no
-    garbage of dynamo's behind for the tests that look for reference cycles."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py
 
 
 def _recorded_ops(fn) -> tuple[int, torch.Tensor]:

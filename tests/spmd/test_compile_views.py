@@ -8,7 +8,6 @@ outputs, and the inputs after it (views share their values with the input, as on
 
 from __future__ import annotations
 
-import gc
 
 import pytest
 import torch
@@ -19,12 +18,7 @@ import pjrt_plugins.spmd as xs
 from _exec_support import assert_close, engine  # noqa: F401
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py
 
 
 def _as_tuple(x):

@@ -7,7 +7,6 @@ elements; a compiled function given pjrt and CPU tensors names those devices (no
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -46,12 +45,6 @@ def test_an_unknown_pjrt_device_fails_at_the_first_op_with_the_clis_error():
         assert f"spmd{os.sep}{layer}{os.sep}" not in proc.stderr, proc.stderr
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 
 import pytest
 import torch
@@ -209,12 +208,7 @@ def test_a_transformer_wrapped_by_an_auto_wrap_policy_trains_like_cpu_eager(engi
     assert all(isinstance(b, FSDPv2) for b in model.blocks)
 
 
-def test_a_compiled_fsdp_model_trains_like_cpu_eager(engine):
+def test_a_compiled_fsdp_model_trains_like_cpu_eager(engine, fresh_dynamo):
     # The wrapper's forward (which marks the output) runs eagerly between the compiled graphs of the
     # wrapped modules, so no mark_sharding is ever traced.
-    torch._dynamo.reset()
-    try:
-        _train_like_cpu(_wrap_by_policy, compile_model=True)
-    finally:
-        torch._dynamo.reset()
-        gc.collect()
+    _train_like_cpu(_wrap_by_policy, compile_model=True)

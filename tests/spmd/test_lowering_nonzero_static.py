@@ -94,16 +94,12 @@ def test_the_count_changes_but_the_program_does_not(engine):
     assert xs.metrics().compiles == 1, xs.metrics()
 
 
-def test_under_torch_compile_it_is_part_of_the_graph(engine):
+def test_under_torch_compile_it_is_part_of_the_graph(engine, fresh_dynamo):
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.nonzero_static(x > 0, size=8, fill_value=-1) * 2
 
     x = _sample((4, 4), torch.float32, seed=5)
-    torch._dynamo.reset()
-    try:
-        got = torch.compile(f, backend="pjrt")(x.to("pjrt")).cpu()
-    finally:
-        torch._dynamo.reset()
+    got = torch.compile(f, backend="pjrt")(x.to("pjrt")).cpu()
     assert torch.equal(got, f(x))
 
 

@@ -8,7 +8,6 @@ the partitioner reports, and the compiled programs' StableHLO is read for the hi
 
 from __future__ import annotations
 
-import gc
 
 import pytest
 import torch
@@ -26,12 +25,7 @@ ROWS = "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
 COLS = "{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}"
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py
 
 
 def _spec(partition) -> str:
