@@ -276,3 +276,47 @@ def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
         compiles[new_tokens] = xs.metrics().compiles - before
     assert xs.metrics().fallbacks == 0
     assert compiles[8] == compiles[16] == 0, f"programs compiled per generate call after the first: {compiles}"
+
+
+def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
+    """``torch.compile(opt.step, backend="pjrt")`` (torch's recipe for compiling an optimizer step) next to the compiled
+    model: the AdamW state is made on the first call, then every step runs the traced update. The losses and weights
+    follow CPU eager's AdamW, the step stops compiling after the first steps, and the parameters and optimizer state
+    are donated to the step's program as with the eager optimizer."""
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    ref = CASES["llama"].build().train()
+    model = copy.deepcopy(ref).to("pjrt")
+    forward = torch.compile(model, backend="pjrt")
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    options = dict(lr=1e-2, weight_decay=0.01)
+    opt_ref = torch.optim.AdamW(ref.parameters(), **options)
+    opt = torch.optim.AdamW(model.parameters(), **options)
+    step_opt = torch.compile(opt.step, backend="pjrt")
+    g = torch.Generator().manual_seed(1)
+    compiles, donated = [], []
+    for step in range(4):
+        batch = _tokens(g)
+        loss_ref = ref(**batch).loss
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        before = xs.metrics()
+        loss = forward(**_shard_batch(batch, mesh)).loss
+        loss.backward()
+        step_opt()
+        opt.zero_grad()
+        xs.sync()
+        after = xs.metrics()
+        compiles.append(after.compiles - before.compiles)
+        donated.append(after.donated_buffers - before.donated_buffers)
+        assert_close(f"loss at step {step}", loss.detach().cpu(), loss_ref)
+    for (key, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
+        assert_close(f"{key} after 4 steps", got.cpu(), want)
+    for p, p_ref in zip(model.parameters(), ref.parameters()):
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert_close(f"AdamW {k}", opt.state[p][k].cpu(), opt_ref.state[p_ref][k])
+        assert float(opt.state[p]["step"]) == float(opt_ref.state[p_ref]["step"]) == 4.0
+    assert xs.metrics().fallbacks == 0
+    assert compiles[2:] == [0, 0], f"programs compiled per step: {compiles}"
+    assert donated[-1] > 0, f"buffers donated per step: {donated}"
