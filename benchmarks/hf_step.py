@@ -32,12 +32,14 @@ state to new buffers. ``--ours-without-donation`` adds our compiled step with ``
 donates the parameters and optimizer state a step replaces in place by default). Together they size what donation
 is worth on each side.
 ``--fused`` gives ours ``AdamW(fused=True)``: the whole update is one recorded op instead of torch's foreach ops.
+``--compiled-optimizer`` adds ours with the optimizer step compiled too (``torch.compile(opt.step, backend="pjrt")``,
+torch's recipe): the AdamW update becomes one traced region, as in torchax's jitted step.
 ``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
 ``zero_grad``, the sync around the executable, the garbage collector's time).
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
      [--meshes data,megatron] [--fused] [--torchax-without-donation] [--ours-without-donation]
-     [--dump-programs DIR] [--phases]
+     [--dump-programs DIR] [--compiled-optimizer] [--phases]
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class TorchSide:
     """One torch training loop on ``pjrt`` (ours, eager or compiled) or ``xla`` (PyTorch/XLA)."""
 
     def __init__(self, kind: str, mesh_name: str, compiled: bool = False, fused: bool = False,
-                 donate: bool = True) -> None:
+                 donate: bool = True, compiled_optimizer: bool = False) -> None:
         import torch
 
         self.kind = kind
@@ -160,6 +162,8 @@ class TorchSide:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
                                      fused=fused or None)
         self.forward = torch.compile(self.model, backend="pjrt") if compiled else self.model
+        # torch's recipe for compiling an optimizer step: the update becomes one traced region instead of foreach ops
+        self.step = torch.compile(self.opt.step, backend="pjrt") if compiled_optimizer else self.opt.step
         self.loss = None
         self.run(2)  # the first step makes the optimizer state; the second runs the steady-state program(s)
 
@@ -175,7 +179,7 @@ class TorchSide:
             t0 = clock()
             loss = self.forward(input_ids=self.ids, labels=self.labels).loss
             loss.backward()
-            self.opt.step()
+            self.step()
             self.opt.zero_grad()
             self.sync()
             self.wait()
@@ -339,6 +343,7 @@ def _load() -> str:
 EAGER, COMPILED, XLA, TORCHAX = "ours eager", "ours torch.compile", "PyTorch/XLA", "torchax"
 TORCHAX_NO_DONATION = "torchax, no donation"
 COMPILED_NO_DONATION = "ours torch.compile, no donation"
+COMPILED_OPTIMIZER = "ours torch.compile + compiled AdamW"
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -378,13 +383,16 @@ def compare(args: argparse.Namespace) -> None:
                                python=args.torchax_python, env=torchax_env())
                     workers.append(w)
                     sides[(TORCHAX_NO_DONATION, mesh)] = w
-            ours = [(EAGER, False, True), (COMPILED, True, True)]
+            ours = [(EAGER, False, True, False), (COMPILED, True, True, False)]
             if args.ours_without_donation:
-                ours.append((COMPILED_NO_DONATION, True, False))
-            for name, compiled, donate in ours:
+                ours.append((COMPILED_NO_DONATION, True, False, False))
+            if args.compiled_optimizer:
+                ours.append((COMPILED_OPTIMIZER, True, True, True))
+            for name, compiled, donate, compiled_opt in ours:
                 t0 = time.perf_counter()
                 known = _our_programs()
-                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused, donate=donate)
+                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused, donate=donate,
+                                                compiled_optimizer=compiled_opt)
                 new = [p for k, p in _our_programs().items() if k not in known]
                 hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
                 if args.dump_programs and compiled and donate and new:
@@ -407,7 +415,7 @@ def compare(args: argparse.Namespace) -> None:
             w.close()
 
     print()
-    names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION, XLA, TORCHAX, TORCHAX_NO_DONATION)
+    names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER, XLA, TORCHAX, TORCHAX_NO_DONATION)
              if any(k[0] == n for k in results)]
     table = Table([("mesh", 10, ""), *((f"{n} ms", max(len(n) + 3, 9), ".1f") for n in names)])
     print("median step time")
@@ -418,7 +426,7 @@ def compare(args: argparse.Namespace) -> None:
     print()
     print("ratios (ours / side, same run)")
     peers = [n for n in (XLA, TORCHAX, TORCHAX_NO_DONATION) if n in names]
-    our_names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION) if n in names]
+    our_names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER) if n in names]
     ratio_table = Table([("mesh", 10, ""), *((f"{o} / {p}", len(o) + len(p) + 3, ".2f")
                                               for o in our_names for p in peers)])
     print(ratio_table.header())
@@ -428,12 +436,12 @@ def compare(args: argparse.Namespace) -> None:
     print()
     print("our step split (medians): python = step - execute; key and after are those of the step's last program; "
           "donated: device buffers given to the step's programs to write their outputs into")
-    split_table = Table([("side", 41, ""), ("step ms", 8, ".1f"), ("execute", 8, ".1f"), ("python", 8, ".1f"),
+    split_table = Table([("side", 47, ""), ("step ms", 8, ".1f"), ("execute", 8, ".1f"), ("python", 8, ".1f"),
                          ("key", 7, ".2f"), ("after", 7, ".2f"), ("programs", 9, ".0f"), ("ops", 6, ".0f"),
                          ("donated", 8, ".0f")])
     print(split_table.header())
     for (name, mesh), r in results.items():
-        if name not in (EAGER, COMPILED, COMPILED_NO_DONATION):
+        if name not in (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER):
             continue
         python = [t - e for t, e in zip(r["times"], r["execute"])]
         print(split_table.row(f"{name}, {mesh}", _ms(r["times"]), _ms(r["execute"]), _ms(python), _ms(r["key"]),
@@ -447,7 +455,7 @@ def compare(args: argparse.Namespace) -> None:
     print()
     print("optimized step program (largest one of the side): instruction counts")
     kinds = [*COLLECTIVES, "fusion", "dot", "custom-call"]
-    hlo_table = Table([("side", 30, ""), *((k, max(len(k), 5), "d") for k in kinds)])
+    hlo_table = Table([("side", 47, ""), *((k, max(len(k), 5), "d") for k in kinds)])
     print(hlo_table.header())
     for (name, mesh), counts in hlo.items():
         if counts:
@@ -468,7 +476,7 @@ def phases(args: argparse.Namespace) -> None:
     import gc
 
     for mesh in args.meshes.split(","):
-        side = TorchSide("pjrt", mesh, compiled=True, fused=args.fused)
+        side = TorchSide("pjrt", mesh, compiled=True, fused=args.fused, compiled_optimizer=args.compiled_optimizer)
         xs, clock = side.xs, time.perf_counter
         collecting = {"seconds": 0.0, "start": 0.0}
 
@@ -489,7 +497,7 @@ def phases(args: argparse.Namespace) -> None:
                 t1 = clock()
                 loss.backward()
                 t2 = clock()
-                side.opt.step()
+                side.step()
                 t3 = clock()
                 side.opt.zero_grad()
                 t4 = clock()
@@ -505,7 +513,8 @@ def phases(args: argparse.Namespace) -> None:
                     got[k].append(v)
         finally:
             gc.callbacks.remove(on_gc)
-        print(f"ours torch.compile, mesh {mesh}: medians of {args.rounds * args.steps} steps in ms ({_load()}); "
+        which = " + compiled AdamW" if args.compiled_optimizer else ""
+        print(f"ours torch.compile{which}, mesh {mesh}: medians of {args.rounds * args.steps} steps in ms ({_load()}); "
               "sync = xs.sync() outside the executable = key + after + rest")
         table = Table([("mesh", 9, ""), *((k, max(len(k), 7), ".2f") for k in PHASES)])
         print(table.header())
@@ -534,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchax-without-donation", action="store_true",
                         help="also run torchax's step without donating its state (a new buffer for every output, as "
                              "our engine has)")
+    parser.add_argument("--compiled-optimizer", action="store_true",
+                        help="add ours with the model and the optimizer step compiled (torch.compile(opt.step, "
+                             "backend=\"pjrt\")), as torchax jits its whole step; with --phases: phase that one")
     parser.add_argument("--phases", action="store_true",
                         help="only our compiled step: where its Python goes, phase by phase (forward, backward, "
                              "optimizer, the sync around the executable, the garbage collector)")

@@ -280,9 +280,10 @@ def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
 
 def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
     """``torch.compile(opt.step, backend="pjrt")`` (torch's recipe for compiling an optimizer step) next to the compiled
-    model: the AdamW state is made on the first call, then every step runs the traced update. The losses and weights
-    follow CPU eager's AdamW, the step stops compiling after the first steps, and the parameters and optimizer state
-    are donated to the step's program as with the eager optimizer."""
+    model, with ``capturable=True`` so that AdamW keeps its step counters on the device: the update is then one region
+    in the step's one program. The AdamW state is made on the first call; the losses, weights and moments follow CPU
+    eager's AdamW, the step stops compiling after the first steps, uploads nothing but the batch (the eager
+    update uploads its changing scalars every step), and the parameters and optimizer state are donated to the step's program."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
     ref = CASES["llama"].build().train()
@@ -291,10 +292,10 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
     mesh = xs.Mesh(range(8), (8,), ("data",))
     options = dict(lr=1e-2, weight_decay=0.01)
     opt_ref = torch.optim.AdamW(ref.parameters(), **options)
-    opt = torch.optim.AdamW(model.parameters(), **options)
+    opt = torch.optim.AdamW(model.parameters(), capturable=True, **options)
     step_opt = torch.compile(opt.step, backend="pjrt")
     g = torch.Generator().manual_seed(1)
-    compiles, donated = [], []
+    compiles, donated, programs, uploaded = [], [], [], []
     for step in range(4):
         batch = _tokens(g)
         loss_ref = ref(**batch).loss
@@ -310,6 +311,9 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
         after = xs.metrics()
         compiles.append(after.compiles - before.compiles)
         donated.append(after.donated_buffers - before.donated_buffers)
+        programs.append(after.executions - before.executions)
+        # the batch, and nothing of the optimizer's
+        uploaded.append(after.bytes_uploaded - before.bytes_uploaded - sum(v.nbytes for v in batch.values()))
         assert_close(f"loss at step {step}", loss.detach().cpu(), loss_ref)
     for (key, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
         assert_close(f"{key} after 4 steps", got.cpu(), want)
@@ -320,3 +324,5 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
     assert xs.metrics().fallbacks == 0
     assert compiles[2:] == [0, 0], f"programs compiled per step: {compiles}"
     assert donated[-1] > 0, f"buffers donated per step: {donated}"
+    assert programs[2:] == [1, 1], f"programs run per step: {programs}"
+    assert uploaded[2:] == [0, 0], f"bytes uploaded per step: {uploaded}"
