@@ -33,7 +33,8 @@ donates the parameters and optimizer state a step replaces in place by default).
 is worth on each side.
 ``--fused`` gives ours ``AdamW(fused=True)``: the whole update is one recorded op instead of torch's foreach ops.
 ``--compiled-optimizer`` adds ours with the optimizer step compiled too (``torch.compile(opt.step, backend="pjrt")``,
-torch's recipe): the AdamW update becomes one traced region, as in torchax's jitted step.
+torch's recipe, and ``AdamW(capturable=True)``): the AdamW update becomes one traced region, as in torchax's jitted
+step.
 ``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
 ``zero_grad``, the sync around the executable, the garbage collector's time).
 
@@ -159,8 +160,9 @@ class TorchSide:
         self.ids, self.labels = ids.to(device), labels.to(device)
         for t in (self.ids, self.labels):
             mark(t, mesh, ("data", None))
+        # compiled, AdamW keeps its step counters on the device (capturable): CPU counters make the update no region
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-                                     fused=fused or None)
+                                     fused=fused or None, capturable=compiled_optimizer)
         self.forward = torch.compile(self.model, backend="pjrt") if compiled else self.model
         # torch's recipe for compiling an optimizer step: the update becomes one traced region instead of foreach ops
         self.step = torch.compile(self.opt.step, backend="pjrt") if compiled_optimizer else self.opt.step
