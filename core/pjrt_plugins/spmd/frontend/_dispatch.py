@@ -46,6 +46,8 @@ aten = torch.ops.aten
 _LAZY, _DEVICE = TensorState.LAZY, TensorState.DEVICE
 #: The dispatch key of the foreach ops' kernels that loop over the per-tensor ops.
 _COMPOSITE_EXPLICIT = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+#: ``id``s of the overloads in ``CHECKED`` (an OpOverload's ``__hash__`` is Python code; overloads live for good).
+_CHECKED_IDS = frozenset(id(f) for f in CHECKED)
 
 
 def _wrapped(result: Any) -> Any:
@@ -59,7 +61,7 @@ def _wrapped(result: Any) -> Any:
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func(*args, **kwargs)`` on pjrt tensors: pjrt tensors holding pending values come back."""
     info = ENGINE.op_infos.get(id(func)) or op_info(func)
-    if func in CHECKED:
+    if id(func) in _CHECKED_IDS:
         check_kernel_dtypes(func, args, kwargs or {})
     if info.strided:
         refuse_strided_view(info, args)

@@ -644,6 +644,12 @@ def _empty_like(func: Any, args: tuple, kwargs: dict) -> Any:
     if device is not None and torch.device(device).type != DEVICE_TYPE:
         return torch.empty(shape, dtype=dtype, device=device)
     check_torch_device(device)
+    if base.state is TensorState.LAZY:
+        # Made from a pending tensor, it is read by pending ops too (autograd's ``1 - sigmoid`` is
+        # ``empty_like(s).fill_(1).sub_(s)``): pending zeros, as an unwritten tensor reads in a trace, cost one
+        # recorded op, where host memory cost an allocation and a host fill (0.5 ms for silu's backward of
+        # the hf_step Llama) that the trace recomputes anyway.
+        return _route_to_engine(aten.zeros.default, (), (list(shape),), {"dtype": dtype, "device": _META})
     return wrap(TensorData.empty(shape, dtype))
 
 

@@ -274,7 +274,7 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
                         else _ref(trace, data))
         else:
             keys.append(_key(trace, a, lift, fill))
-    if info.is_view and not kwargs and info.func in _NARROWING and type(keys[0]) is int:
+    if info.is_view and not kwargs and (info.func is _SLICE or info.func is _SELECT) and type(keys[0]) is int:
         keys = _narrow_through_cat(trace, info.func is _SELECT, keys)
     entry = (info.id, tuple(keys),
              tuple([(k, _key(trace, v, lift, fill)) for k, v in kwargs.items()]) if kwargs else ())
@@ -323,8 +323,8 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
     return results if out[0] == "L" else tuple(results)
 
 
+#: Compared by identity: an OpOverload's ``__hash__`` is Python code, too slow for every view op.
 _CAT, _SELECT, _SLICE = aten.cat.default, aten.select.int, aten.slice.Tensor
-_NARROWING = frozenset({_SELECT, _SLICE})
 
 
 def _narrow_through_cat(trace: Trace, select: bool, keys: list[Any]) -> list[Any]:
