@@ -355,7 +355,7 @@ class XLAShardedTensor(torch.Tensor):
                 result = handler(func, args, kwargs)
                 if result is not NotImplemented:
                     return result
-            return _route_to_engine(func, types, args, kwargs)
+            return _seam.engine().dispatch(func, types, args, kwargs)  # _route_to_engine, one call less per op
         except BaseException as error:
             if getattr(error, "_pjrt_no_device", False) and torch._C._current_graph_task_id() == -1:
                 # No pjrt device (PJRT_DEVICE=garbage, no GPU): the devices layer's one-line error, without the
