@@ -254,9 +254,10 @@ def test_llama_decodes_with_a_kv_cache_under_torch_compile_like_cpu_eager(cpu8, 
 
 
 def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
-    """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, and once
-    warm, an answer of any length compiles nothing (the decode step is one program; the final ``input_ids`` is
-    put together on the host; the last call's leftover ``cat`` is dropped, not run)."""
+    """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, two
+    programs on the first call (prefill and decode), and once warm, an answer of any length compiles nothing (the
+    decode step is one program; the final ``input_ids`` is put together on the host; the last call's leftover
+    ``cat`` is dropped, not run)."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
     ref = CASES["llama"].build().eval()
@@ -275,4 +276,6 @@ def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
         assert torch.equal(got.cpu(), want), f"{new_tokens} new tokens"
         compiles[new_tokens] = xs.metrics().compiles - before
     assert xs.metrics().fallbacks == 0
-    assert compiles[8] == compiles[16] == 0, f"programs compiled per generate call after the first: {compiles}"
+    # The first call: the prefill and the decode step (transformers' checks on the prompt and its special tokens
+    # are computed on the host; the first decode step runs the later steps' program). Later calls: none.
+    assert compiles == {4: 2, 8: 0, 16: 0}, f"programs compiled per generate call: {compiles}"

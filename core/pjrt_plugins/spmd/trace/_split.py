@@ -18,6 +18,8 @@ import logging
 import weakref
 from typing import Any
 
+import torch
+
 from ..lowering import ScalarSlot
 from ..transport import TensorData
 from ._record import _append, _ref, pending_data
@@ -27,6 +29,8 @@ from ._trace import GETITEM, INPUT, LazyValue, Step, Trace
 logger = logging.getLogger(__name__)
 
 __all__ = ["CHEAP_OPS", "split_off_rest"]
+
+_CAT = torch.ops.aten.cat.default
 
 #: Ops (by name) that may stay pending while the values they read are computed: they copy, select or fill
 #: values, or compute elementwise on them, at a cost of a few operations per element.
@@ -69,6 +73,13 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
             packet = getattr(info.func, "overloadpacket", None) if info is not None else None
             if packet is None or packet.__name__ not in CHEAP_OPS:
                 return None
+    fixed = _fixed_size_ops(trace, rest, deps, holders)
+    if fixed:  # they run now, in the part that runs; only what grows stays pending
+        needed |= _closure(trace, fixed, deps, stop=needed)
+        rest_roots = [i for i in holders if i not in needed]
+        if not rest_roots:
+            return None
+        rest = _closure(trace, rest_roots, deps, stop=needed)
     first, first_index = _replay(trace, sorted(needed), {})
     for i in needed:
         for data in holders.get(i, ()):
@@ -91,6 +102,46 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
         return second
 
     return first, make_rest
+
+
+def _fixed_size_ops(trace: Trace, rest: set[int], deps: list[tuple[int, ...]],
+                    holders: dict[int, list[TensorData]]) -> list[int]:
+    """The ops of ``rest`` that read no ``cat`` of ``rest``, even through other ops, and whose tensors view no
+    pending value of ``rest`` (a view read through a ``cat`` reads its operand, but keeps the ``cat`` as its base):
+    their values keep their size from step to step, so they may be outputs of the part that runs.
+
+    Why: left pending, they would begin the next step's trace, and that step's program would differ from the
+    following ones whenever they differ from step to step: ``generate``'s first decode step would carry the
+    prefill's leftovers (the cache length plus the prompt's length, the next position from the prompt's
+    positions), the later steps a decode step's. Run with the values read, each step's program starts from the
+    same inputs. A ``cat`` that grows every step, and what reads it, still waits.
+    """
+    entries = trace.entries
+    grows: set[int] = set()
+    fixed = []
+    for i in sorted(rest):
+        kind = entries[i][0]
+        if kind == INPUT:
+            continue
+        if kind == GETITEM:
+            if entries[i][1] in grows:
+                grows.add(i)
+            continue
+        info = ENGINE.ops_by_id[kind]
+        if (info is not None and info.func is _CAT) or any(d in grows for d in deps[i]) \
+                or any(_views_pending(data, trace, rest) for data in holders.get(i, ())):
+            grows.add(i)
+        else:
+            fixed.append(i)
+    return fixed
+
+
+def _views_pending(data: TensorData, trace: Trace, rest: set[int]) -> bool:
+    """Whether ``data`` is a view of a value of ``trace`` that stays pending (in ``rest``)."""
+    base_ref = data.lazy.base
+    base = base_ref() if base_ref is not None else None
+    return base is not None and isinstance(base.lazy, LazyValue) and base.lazy.trace is trace \
+        and base.lazy.index in rest
 
 
 def _dependencies(entry: tuple) -> tuple[int, ...]:
