@@ -22,6 +22,8 @@ import torch
 
 from ..lowering import ScalarSlot
 from ..transport import TensorData
+from ._host_compute import collect_keys as _collect
+from ._host_compute import host_closure, host_entry, replay
 from ._record import _append, _ref, pending_data
 from ._state import ENGINE
 from ._trace import GETITEM, INPUT, LazyValue, Step, Trace
@@ -53,19 +55,22 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
         return None
     deps = [_dependencies(entry) for entry in trace.entries]
     needed = _closure(trace, wanted, deps)
-    rest_roots = [i for i in holders if i not in needed]
+    hosted = _host_frontier(trace, needed, deps, holders)
+    if hosted:  # computed on the host: the part that runs reads them as inputs, not what they grow from
+        needed = _closure(trace, wanted, deps, stop=set(hosted))
+    rest_roots = [i for i in holders if i not in needed and i not in hosted]
     if not rest_roots:
         # Entries carried over from an earlier part whose tensors died since (the last call's growing cat):
         # dropped, so that the program does not depend on how long that was.
         if not trace.carried or len(needed) == len(trace.entries):
             return None
-        first_only, kept = _replay(trace, sorted(needed), {})
+        first_only, kept = _replay(trace, sorted(needed), hosted)
         for i in needed:
             for data in holders.get(i, ()):
                 _repoint(data, first_only, kept[i])
         logger.debug("dropped %d dead entries of %d", len(trace.entries) - len(needed), len(trace.entries))
         return first_only, lambda: None
-    rest = _closure(trace, rest_roots, deps, stop=needed)
+    rest = _closure(trace, rest_roots, deps, stop=needed | hosted.keys())
     for i in rest:
         kind = trace.entries[i][0]
         if kind > 0:
@@ -75,17 +80,17 @@ def split_off_rest(trace: Trace, wanted: list[int], holders: dict[int, list[Tens
                 return None
     fixed = _fixed_size_ops(trace, rest, deps, holders)
     if fixed:  # they run now, in the part that runs; only what grows stays pending
-        needed |= _closure(trace, fixed, deps, stop=needed)
-        rest_roots = [i for i in holders if i not in needed]
+        needed |= _closure(trace, fixed, deps, stop=needed | hosted.keys())
+        rest_roots = [i for i in holders if i not in needed and i not in hosted]
         if not rest_roots:
             return None
-        rest = _closure(trace, rest_roots, deps, stop=needed)
-    first, first_index = _replay(trace, sorted(needed), {})
+        rest = _closure(trace, rest_roots, deps, stop=needed | hosted.keys())
+    first, first_index = _replay(trace, sorted(needed), hosted)
     for i in needed:
         for data in holders.get(i, ()):
             _repoint(data, first, first_index[i])
     # Values of the first part the rest reads: outputs of the first part (new data for those no tensor holds).
-    external: dict[int, TensorData] = {}
+    external: dict[int, TensorData] = dict(hosted)
     for i in rest:
         for j in deps[i]:
             if j in needed and j not in external and trace.entries[j][0] != INPUT:
@@ -136,6 +141,55 @@ def _fixed_size_ops(trace: Trace, rest: set[int], deps: list[tuple[int, ...]],
     return fixed
 
 
+def _host_frontier(trace: Trace, needed: set[int], deps: list[tuple[int, ...]],
+                   holders: dict[int, list[TensorData]]) -> dict[int, TensorData]:
+    """The values of ``needed`` that grow from a ``cat`` carried over from an earlier part, computed on the host
+    (``_host_compute``) where a program op that cannot be reads them: entry -> their host data; {} if none.
+
+    Why: ``generate`` with a padded prompt appends a column of ones to the attention mask each token (a ``cat``
+    that waits, see :func:`_fixed_size_ops`) and pads it to the cache's length for the model. Read by the
+    model's program, the mask would be an input one column longer every token, and each token a new program.
+    Its padded value has the same shape every token; computed on the host from the mask's pieces (a data move
+    and integer ops, exact) and uploaded, it is an input of the same shape every token: one program.
+    """
+    if not trace.carried:
+        return {}
+    entries = trace.entries
+    grown: set[int] = set()  # reads a carried cat, even through other ops
+    on_host: set[int] = set()  # it and all it reads may be computed on the host
+    readers: dict[int, list[int]] = {}
+    for i in sorted(needed):
+        kind = entries[i][0]
+        if (i < trace.carried and kind > 0 and ENGINE.ops_by_id[kind].func is _CAT) \
+                or any(d in grown for d in deps[i]):  # type: ignore[union-attr]
+            grown.add(i)
+        ok, _, found = host_entry(trace, i)
+        if ok and all(d in on_host for d in found):
+            on_host.add(i)
+        for d in deps[i]:
+            readers.setdefault(d, []).append(i)
+    frontier = [i for i in sorted(grown & on_host) if entries[i][0] > 0
+                and any(r not in on_host for r in readers.get(i, ()))
+                and all(data.view_of is None for data in holders.get(i, ()))]
+    if not frontier:
+        return {}
+    order = host_closure(trace, frontier)
+    values = replay(trace, order) if order is not None else None
+    if values is None:
+        return {}
+    logger.debug("computed %d values that grow from carried entries on the host", len(frontier))
+    hosted = {}
+    for i in frontier:
+        held = holders.get(i)
+        if held:  # the tensors holding it become host data (uploaded once, when the part that runs reads it)
+            for data in held:
+                data.set_host(values[i])
+            hosted[i] = held[0]
+        else:
+            hosted[i] = TensorData.from_host(values[i], copy=False)
+    return hosted
+
+
 def _views_pending(data: TensorData, trace: Trace, rest: set[int]) -> bool:
     """Whether ``data`` is a view of a value of ``trace`` that stays pending (in ``rest``)."""
     base_ref = data.lazy.base
@@ -157,15 +211,6 @@ def _dependencies(entry: tuple) -> tuple[int, ...]:
     for _, key in entry[2]:
         _collect(key, found)
     return tuple(found)
-
-
-def _collect(key: Any, found: list[int]) -> None:
-    """The entries one argument key reads (an int, or ints in a list or tuple key; see ``_record._key``)."""
-    if type(key) is int:
-        found.append(key)
-    elif type(key) is tuple and key and (key[0] is list or key[0] is tuple):
-        for k in key[1]:
-            _collect(k, found)
 
 
 def _closure(trace: Trace, roots: list[int], deps: list[tuple[int, ...]], stop: set[int] | None = None) -> set[int]:
