@@ -10,6 +10,7 @@ otherwise (the CPU plugin also flushes subnormals), so it is never replayed here
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -51,6 +52,8 @@ _MAX_GATHERS = 1024
 #: The most computing ops one computation may replay (a few microseconds each on the CPU).
 _MAX_COMPUTE_OPS = 256
 _CPU = torch.device("cpu")
+
+logger = logging.getLogger(__name__)
 
 
 def collect_keys(key: Any, found: list[int]) -> None:
@@ -119,28 +122,33 @@ def host_closure(trace: Trace, roots: list[int], stop: set[int] | None = None) -
     return sorted(seen)
 
 
-def replay(trace: Trace, order: list[int], known: dict[int, torch.Tensor] | None = None) -> dict[int, Any] | None:
-    """The CPU values of the entries ``order`` (a :func:`host_closure`): inputs gathered from their devices, ops
-    run by torch; ``known``: values already at hand. None when an input cannot be gathered (a replaced virtual
-    device, a manual-sharding value, donated buffers)."""
+def replay(trace: Trace, order: list[int]) -> dict[int, Any] | None:
+    """The CPU values of the entries ``order`` (a :func:`host_closure`): inputs gathered from their devices (each
+    once: later replays reuse the copy), ops run by torch. The values may share memory with those copies: copy
+    before writing. None when an input cannot be gathered (a replaced virtual device, a manual-sharding value,
+    donated buffers) or torch refuses an op (the program path then decides)."""
     vd = virtual_device()
     ordinal = {i: n for n, i in enumerate(i for i, e in enumerate(trace.entries) if e[0] == INPUT)}
-    values: dict[int, Any] = dict(known) if known else {}
+    values: dict[int, Any] = {}
     for i in order:
-        if i in values:
-            continue
         entry = trace.entries[i]
         if entry[0] == INPUT:
             source = trace.inputs[ordinal[i]]
             if source.generation != vd.generation or source.sharding.is_manual or not source.buffers:
                 return None
-            values[i] = gather_shards(source.shape, source.dtype, source.sharding, source.buffers, vd.device_ids)
+            if source.host is None:  # replays never write their inputs: the copy serves every later replay
+                source.host = gather_shards(source.shape, source.dtype, source.sharding, source.buffers, vd.device_ids)
+            values[i] = source.host
             continue
         info = ENGINE.ops_by_id[entry[0]]
         assert info is not None
         args = tuple(_host_value(k, values, trace.scalars) for k in entry[1])
         kwargs = {name: _CPU if name == "device" else _host_value(k, values, trace.scalars) for name, k in entry[2]}
-        values[i] = info.func(*args, **kwargs)
+        try:
+            values[i] = info.func(*args, **kwargs)
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:  # the program gives its own verdict
+            logger.debug("%s refused on the host (%s): it runs in a program", info.name, exc)
+            return None
     return values
 
 

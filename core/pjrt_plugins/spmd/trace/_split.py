@@ -6,7 +6,10 @@ grows by ``cat``: as an output (and the next token's input) it would make each t
 ops no requested value needs only rearrange values (``cat``, slices, views, fills, small elementwise ops),
 they stay pending in a new trace, the values they read from the part that ran becoming its inputs; the part
 that runs then sees the same shapes every token. Anything heavier left over (a backward, an optimizer step)
-runs now, in the same program, as before.
+runs now, in the same program, as before. Of the cheap rest, only what grows (a ``cat`` and what reads it)
+waits; the rest's fixed-size values run now, as outputs (:func:`_fixed_size_ops`). A value the part that runs
+needs, grown from a waiting ``cat`` (a padded attention mask), is computed on the host when it can be
+(:func:`_host_frontier`), so the program reads it with the same shape every step.
 
 Both parts are copies of the trace's entries (:func:`_replay`), walking the prefix tree from its root, so their
 programs are keyed and cached as any trace's.
@@ -136,7 +139,7 @@ def _fixed_size_ops(trace: Trace, rest: set[int], deps: list[tuple[int, ...]],
         if (info is not None and info.func is _CAT) or any(d in grows for d in deps[i]) \
                 or any(_views_pending(data, trace, rest) for data in holders.get(i, ())):
             grows.add(i)
-        else:
+        elif deps[i]:  # a factory (no tensor read) runs with the ops that read it, and waits with a cat
             fixed.append(i)
     return fixed
 
@@ -156,20 +159,22 @@ def _host_frontier(trace: Trace, needed: set[int], deps: list[tuple[int, ...]],
         return {}
     entries = trace.entries
     grown: set[int] = set()  # reads a carried cat, even through other ops
-    on_host: set[int] = set()  # it and all it reads may be computed on the host
-    readers: dict[int, list[int]] = {}
+    readers: dict[int, list[int]] = {}  # of grown entries
     for i in sorted(needed):
         kind = entries[i][0]
-        if (i < trace.carried and kind > 0 and ENGINE.ops_by_id[kind].func is _CAT) \
-                or any(d in grown for d in deps[i]):  # type: ignore[union-attr]
-            grown.add(i)
-        ok, _, found = host_entry(trace, i)
-        if ok and all(d in on_host for d in found):
-            on_host.add(i)
+        reads_grown = False
         for d in deps[i]:
-            readers.setdefault(d, []).append(i)
-    frontier = [i for i in sorted(grown & on_host) if entries[i][0] > 0
-                and any(r not in on_host for r in readers.get(i, ()))
+            if d in grown:
+                reads_grown = True
+                readers[d].append(i)
+        if reads_grown or (i < trace.carried and kind > 0 and ENGINE.ops_by_id[kind].func is _CAT):  # type: ignore
+            grown.add(i)
+            readers[i] = []
+    if not grown:
+        return {}
+    on_host: dict[int, bool] = {}  # it and all it reads may be computed on the host
+    frontier = [i for i in sorted(grown) if entries[i][0] > 0 and _on_host(trace, i, on_host)
+                and any(not _on_host(trace, r, on_host) for r in readers[i])
                 and all(data.view_of is None for data in holders.get(i, ()))]
     if not frontier:
         return {}
@@ -188,6 +193,25 @@ def _host_frontier(trace: Trace, needed: set[int], deps: list[tuple[int, ...]],
         else:
             hosted[i] = TensorData.from_host(values[i], copy=False)
     return hosted
+
+
+def _on_host(trace: Trace, i: int, known: dict[int, bool]) -> bool:
+    """Whether entry ``i`` and every entry it reads may be computed on the host (``known``: answers so far)."""
+    hit = known.get(i)
+    if hit is not None:
+        return hit
+    todo, order = [i], []
+    while todo:  # the entries to answer
+        j = todo.pop()
+        if j in known:
+            continue
+        known[j] = False  # until answered below
+        order.append(j)
+        todo.extend(d for d in host_entry(trace, j)[2] if d not in known)
+    for j in sorted(order):  # an entry reads only entries before it
+        ok, _, found = host_entry(trace, j)
+        known[j] = ok and all(known[d] for d in found)
+    return known[i]
 
 
 def _views_pending(data: TensorData, trace: Trace, rest: set[int]) -> bool:
