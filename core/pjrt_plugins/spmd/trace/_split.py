@@ -261,8 +261,19 @@ def _closure(trace: Trace, roots: list[int], deps: list[tuple[int, ...]], stop: 
 
 def _replay(old: Trace, keep: list[int], external: dict[int, TensorData]) -> tuple[Trace, dict[int, int]]:
     """A new trace of ``old``'s entries ``keep`` (in order), reading ``external`` data where they read entries
-    not kept; returns it and where each kept entry went."""
+    not kept; returns it and where each kept entry went.
+
+    An input a kept op reads takes its place where that op first reads it, as when recorded afresh: a trace
+    carried over from an earlier part may hold the input further back (the prompt, an operand of the last call's
+    ``cat``s), and the program must not depend on that."""
     new = Trace(ENGINE.root)
+    reads: list[int] = []
+    for i in keep:
+        entry = old.entries[i]
+        if entry[0] > 0:
+            for key in (*entry[1], *(k for _, k in entry[2])):
+                _collect(key, reads)
+    read = set(reads)
     index: dict[int, int] = {}
     ordinal = {i: n for n, i in enumerate(i for i, e in enumerate(old.entries) if e[0] == INPUT)}
     random_keys = {}
@@ -294,6 +305,8 @@ def _replay(old: Trace, keep: list[int], external: dict[int, TensorData]) -> tup
     for i in keep:
         entry, out = old.entries[i], old.outs[i]
         kind = entry[0]
+        if kind == INPUT and i in read:
+            continue  # placed where an op first reads it (remap)
         if kind == GETITEM:
             entry = (GETITEM, index[entry[1]], entry[2])
         elif kind == INPUT:
