@@ -158,26 +158,34 @@ def _host_frontier(trace: Trace, needed: set[int], deps: list[tuple[int, ...]],
     if not trace.carried:
         return {}
     entries = trace.entries
-    grown: set[int] = set()  # reads a carried cat, even through other ops
-    readers: dict[int, list[int]] = {}  # of grown entries
-    for i in sorted(needed):
-        kind = entries[i][0]
-        reads_grown = False
-        for d in deps[i]:
-            if d in grown:
-                reads_grown = True
-                readers[d].append(i)
-        if reads_grown or (i < trace.carried and kind > 0 and ENGINE.ops_by_id[kind].func is _CAT):  # type: ignore
-            grown.add(i)
-            readers[i] = []
-    if not grown:
+    cats = [i for i in needed if i < trace.carried and entries[i][0] > 0
+            and ENGINE.ops_by_id[entries[i][0]].func is _CAT]  # type: ignore[union-attr]
+    if not cats:
         return {}
-    on_host: dict[int, bool] = {}  # it and all it reads may be computed on the host
-    frontier = [i for i in sorted(grown) if entries[i][0] > 0 and _on_host(trace, i, on_host)
-                and any(not _on_host(trace, r, on_host) for r in readers[i])
-                and all(data.view_of is None for data in holders.get(i, ()))]
+    readers: dict[int, list[int]] = {}
+    for i in needed:
+        for d in deps[i]:
+            readers.setdefault(d, []).append(i)
+    # From the carried cats to their readers, as far as the host can compute: the last such values are the frontier.
+    on_host: dict[int, bool] = {}
+    frontier = []
+    seen = set(cats)
+    todo = list(cats)
+    while todo:
+        i = todo.pop()
+        if not _on_host(trace, i, on_host):
+            continue
+        after = readers.get(i, ())
+        if entries[i][0] > 0 and any(not _on_host(trace, r, on_host) for r in after) \
+                and all(data.view_of is None for data in holders.get(i, ())):
+            frontier.append(i)
+        for r in after:
+            if r not in seen:
+                seen.add(r)
+                todo.append(r)
     if not frontier:
         return {}
+    frontier.sort()
     order = host_closure(trace, frontier)
     values = replay(trace, order) if order is not None else None
     if values is None:
