@@ -32,10 +32,12 @@ state to new buffers. ``--ours-without-donation`` adds our compiled step with ``
 donates the parameters and optimizer state a step replaces in place by default). Together they size what donation
 is worth on each side.
 ``--fused`` gives ours ``AdamW(fused=True)``: the whole update is one recorded op instead of torch's foreach ops.
+``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
+``zero_grad``, the sync around the executable, the garbage collector's time).
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
      [--meshes data,megatron] [--fused] [--torchax-without-donation] [--ours-without-donation]
-     [--dump-programs DIR]
+     [--dump-programs DIR] [--phases]
 """
 
 from __future__ import annotations
@@ -454,6 +456,62 @@ def compare(args: argparse.Namespace) -> None:
     print(f"done ({_load()})")
 
 
+PHASES = ("step", "python", "forward", "backward", "optimizer", "zero_grad", "sync", "execute", "key", "after", "rest",
+          "gc")
+
+
+def phases(args: argparse.Namespace) -> None:
+    """Where the Python of our compiled step goes, phase by phase (medians over ``rounds x steps`` steps): the
+    compiled forward and backward, the optimizer, ``zero_grad``, and ``xs.sync()`` split into the executable, the
+    program's key, storing its results (``after``, the donated buffers' release included) and the rest (building
+    the argument lists, dropping the last references); ``gc`` is the garbage collector's time in the step."""
+    import gc
+
+    for mesh in args.meshes.split(","):
+        side = TorchSide("pjrt", mesh, compiled=True, fused=args.fused)
+        xs, clock = side.xs, time.perf_counter
+        collecting = {"seconds": 0.0, "start": 0.0}
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                collecting["start"] = clock()
+            else:
+                collecting["seconds"] += clock() - collecting["start"]
+
+        gc.callbacks.append(on_gc)
+        got: dict[str, list[float]] = {k: [] for k in PHASES}
+        try:
+            for _ in range(args.rounds * args.steps):
+                collecting["seconds"] = 0.0
+                before = xs.metrics()
+                t0 = clock()
+                loss = side.forward(input_ids=side.ids, labels=side.labels).loss
+                t1 = clock()
+                loss.backward()
+                t2 = clock()
+                side.opt.step()
+                t3 = clock()
+                side.opt.zero_grad()
+                t4 = clock()
+                xs.sync()
+                t5 = clock()
+                execute = xs.metrics().execute_seconds - before.execute_seconds
+                split = _last_run_split()
+                values = {"step": t5 - t0, "python": t5 - t0 - execute, "forward": t1 - t0, "backward": t2 - t1,
+                          "optimizer": t3 - t2, "zero_grad": t4 - t3, "sync": t5 - t4 - execute, "execute": execute,
+                          "key": split["key"], "after": split["after"],
+                          "rest": t5 - t4 - execute - split["key"] - split["after"], "gc": collecting["seconds"]}
+                for k, v in values.items():
+                    got[k].append(v)
+        finally:
+            gc.callbacks.remove(on_gc)
+        print(f"ours torch.compile, mesh {mesh}: medians of {args.rounds * args.steps} steps in ms ({_load()}); "
+              "sync = xs.sync() outside the executable = key + after + rest")
+        table = Table([("mesh", 9, ""), *((k, max(len(k), 7), ".2f") for k in PHASES)])
+        print(table.header())
+        print(table.row(mesh, *(_ms(got[k]) for k in PHASES)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -476,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchax-without-donation", action="store_true",
                         help="also run torchax's step without donating its state (a new buffer for every output, as "
                              "our engine has)")
+    parser.add_argument("--phases", action="store_true",
+                        help="only our compiled step: where its Python goes, phase by phase (forward, backward, "
+                             "optimizer, the sync around the executable, the garbage collector)")
     parser.add_argument("--mesh", default="data", help=argparse.SUPPRESS)
     parser.add_argument("--no-donation", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
@@ -492,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_programs:
         os.makedirs(args.dump_programs, exist_ok=True)
         args.dump_programs = os.path.abspath(args.dump_programs)
+    if args.phases:
+        phases(args)
+        return 0
     compare(args)
     return 0
 

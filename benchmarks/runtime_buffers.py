@@ -8,8 +8,9 @@ baseline measured in the same run:
 - execute: a program of N outputs against the same program of 1 output (the extra time per extra
   output buffer: the plugin's allocation and work plus our wrapping);
 - wrap: making the ``Buffer`` objects over live handles (what ``execute`` does per output);
-- free: dropping the outputs (``Buffer.__del__``: registry, destroy) against the plugin's bare
-  ``PJRT_Buffer_Destroy`` calls in a loop;
+- free: dropping the outputs (``Buffer.__del__``: registry, destroy) and deleting them in one batch
+  (``client.delete_buffers``: one call of the compiled fast path for all, what the SPMD engine does with the
+  buffers a step donated), against the plugin's bare ``PJRT_Buffer_Destroy`` calls in a loop;
 - jax: the same N-output program under ``jax.jit`` on 8 CPU devices, in a child process (its own
   XLA flags), as the reference for execute and free per output buffer.
 
@@ -136,6 +137,14 @@ def main() -> None:
         del out
         return time.perf_counter() - t
 
+    def free_batch() -> float:
+        out = many.execute(inputs)
+        t = time.perf_counter()
+        client.delete_buffers([buf for row in out for buf in row])
+        seconds = time.perf_counter() - t
+        del out
+        return seconds
+
     destroy_fn = client._destroy_buffer_fn
     destroy_args = new_args("PJRT_Buffer_Destroy_Args")
 
@@ -149,13 +158,14 @@ def main() -> None:
         return time.perf_counter() - t
 
     for _ in range(20):  # warm up
-        execute(one), execute(many), wrap(), free(), raw_destroy()
-    rows: dict[str, list[float]] = {k: [] for k in ("one", "many", "wrap", "free", "raw")}
+        execute(one), execute(many), wrap(), free(), free_batch(), raw_destroy()
+    rows: dict[str, list[float]] = {k: [] for k in ("one", "many", "wrap", "free", "batch", "raw")}
     for _ in range(args.rounds):  # interleaved: load changes hit every case alike
         rows["one"].append(execute(one))
         rows["many"].append(execute(many))
         rows["wrap"].append(wrap())
         rows["free"].append(free())
+        rows["batch"].append(free_batch())
         rows["raw"].append(raw_destroy())
     med = {k: statistics.median(v) for k, v in rows.items()}
     client.close()
@@ -172,6 +182,7 @@ def main() -> None:
     print(table.row("  per extra output buffer", float("nan"), per_extra))
     print(table.row("  of it: wrapping (Buffer objects)", med["wrap"] * 1e6, med["wrap"] / buffers * 1e6))
     print(table.row("free (drop the outputs)", med["free"] * 1e6, med["free"] / buffers * 1e6))
+    print(table.row("free in one batch (client.delete_buffers)", med["batch"] * 1e6, med["batch"] / buffers * 1e6))
     print(table.row("  baseline: bare PJRT_Buffer_Destroy loop", med["raw"] * 1e6, med["raw"] / buffers * 1e6))
     if jax is not None:
         print(table.row("jax.jit execute, 1 output", jax["one"] * 1e6, float("nan")))

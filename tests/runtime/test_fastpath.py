@@ -135,6 +135,37 @@ def test_a_failing_event_destroy_is_reported_after_every_event_is_destroyed(runt
         assert shim_report(path).count("completion_destroy;") == 2
 
 
+def test_delete_buffers_destroys_each_handle_once_and_reports_a_failure_after_all(runtime_path, build_shim):
+    """client.delete_buffers (pjrtp_destroy_buffers, or the same calls from Python): a destroy that fails
+    does not keep the others alive, the plugin's error is raised, and a second delete destroys nothing."""
+    path = build_shim(SHIM_FAIL_BUFFER_DESTROY=True)
+    with Client(path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        buffers = [client.buffer_from_host(np.full(4, i, np.float32)) for i in range(4)]
+        before = shim_report(path).count("buffer_destroy;")
+        with pytest.raises(PjrtError) as raised:
+            client.delete_buffers(buffers)
+        assert raised.value.function == "PJRT_Buffer_Destroy" and raised.value.code_name == "INVALID_ARGUMENT"
+        assert shim_report(path).count("buffer_destroy;") - before == 4
+        assert all(b.is_deleted for b in buffers) and not client._live_buffers
+        client.delete_buffers(buffers + buffers)  # already deleted, listed twice: nothing is destroyed again
+        assert shim_report(path).count("buffer_destroy;") - before == 4
+
+
+def test_delete_buffers_frees_execute_outputs(runtime_path, cpu_library_path):
+    with Client(cpu_library_path, {"cpu_device_count": 2}, schema=CPU_OPTION_SCHEMA) as client:
+        exe = client.compile(ADD_F32_4)
+        x = client.buffer_from_host(np.arange(4, dtype=np.float32))
+        outputs = exe.execute([[x, x]])[0] + exe.execute([[x, x]])[0]
+        np.testing.assert_array_equal(outputs[1].to_numpy(), [0, 2, 4, 6])
+        live = len(client._live_buffers)
+        client.delete_buffers(iter(outputs))  # any iterable
+        assert len(client._live_buffers) == live - 2 and all(b.is_deleted for b in outputs)
+        with pytest.raises(ValueError, match="deleted"):
+            outputs[0].to_numpy()
+        np.testing.assert_array_equal(x.to_numpy(), [0, 1, 2, 3])  # the argument is untouched
+        client.delete_buffers([])
+
+
 def test_a_failing_read_names_the_function_and_drops_its_reference(runtime_path, build_shim):
     path = build_shim(SHIM_FAIL_DATA_POINTER=True)
     with Client(path, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as client:
@@ -347,20 +378,30 @@ pinning = client._pinnings.take()
 dst = ffi.new("char[]", 8)
 print("read NULL buffer", lib.pjrtp_read_pinned(pinning._plan, ffi.NULL, dst, 8) != ffi.NULL, pinning._plan.failed_step)
 print("read huge count", lib.pjrtp_read_pinned(pinning._plan, ffi.cast("PJRT_Buffer*", 8), dst, 2**63) != ffi.NULL, pinning._plan.failed_step)
+handles, errors = ffi.new("PJRT_Buffer*[]", 2), ffi.new("PJRT_Error*[]", 2)
+destroy = _fastpath.destroy_plan(client._destroy_buffer_fn, ffi.new("PJRT_Buffer_Destroy_Args*"))
+print("destroy NULL plan", lib.pjrtp_destroy_buffers(ffi.NULL, handles, 2, errors))
+print("destroy empty plan", lib.pjrtp_destroy_buffers(ffi.new("PJRTP_DestroyPlan*"), handles, 2, errors))
+print("destroy NULL buffers", lib.pjrtp_destroy_buffers(destroy, ffi.NULL, 2, errors))
+print("destroy NULL errors", lib.pjrtp_destroy_buffers(destroy, handles, 2, ffi.NULL))
+print("destroy huge count", lib.pjrtp_destroy_buffers(destroy, handles, 2**62, errors))
+print("destroy NULL handles", lib.pjrtp_destroy_buffers(destroy, handles, 2, errors))
 client.close()
 print("done")
 """
 
 
 def test_the_private_functions_refuse_a_null_plan_or_a_huge_count(python_subprocess, cpu_library_path):
-    """Passed a NULL plan or 2**62 events, pjrtp_* read through NULL or past their arrays: a segfault."""
+    """Passed a NULL plan or 2**62 events (or buffers), pjrtp_* read through NULL or past their arrays: a segfault."""
     result = python_subprocess(CALLS_WITH_BAD_ARGUMENTS.replace("sys.argv[1]", repr(str(cpu_library_path))))
     assert result.returncode == 0, f"the process {result.returncode}: {result.stderr[-2000:]}"
     invalid = _fastpath.INVALID_ARGUMENTS
     for line in ("finish_ready NULL plan", "finish_ready NULL events", "finish_ready huge count", "execute NULL plan",
-                 "execute empty plan"):
+                 "execute empty plan", "destroy NULL plan", "destroy empty plan", "destroy NULL buffers",
+                 "destroy NULL errors", "destroy huge count"):
         assert f"{line} {invalid}\n" in result.stdout, result.stdout
     assert f"finish_ready no events {_fastpath.DONE}\n" in result.stdout
+    assert "destroy NULL handles 0\n" in result.stdout  # NULL entries are skipped, none failed
     assert "read NULL plan True\n" in result.stdout
     assert f"read NULL buffer True {_fastpath.STEP_INVALID}\n" in result.stdout
     assert f"read huge count True {_fastpath.STEP_INVALID}\n" in result.stdout

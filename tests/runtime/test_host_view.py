@@ -113,6 +113,26 @@ def test_delete_refuses_while_a_view_is_alive(client):
         buf.host_view()  # no view of freed memory can be made
 
 
+def test_delete_buffers_refuses_a_batch_holding_a_viewed_buffer_and_frees_none(client, cpu_library_path):
+    data = np.arange(16, dtype=np.float32)
+    viewed, other = client.buffer_from_host(data), client.buffer_from_host(data)
+    view = viewed.host_view()
+    with pytest.raises(BufferViewedError, match="1 of them"):
+        client.delete_buffers([other, viewed])
+    assert not viewed.is_deleted and not other.is_deleted  # checked before any was touched
+    np.testing.assert_array_equal(view, data)
+    with Client(cpu_library_path, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA) as stranger:
+        foreign = stranger.buffer_from_host(data)
+        with pytest.raises(ValueError, match="another"):
+            client.delete_buffers([other, foreign])
+        assert not other.is_deleted and not foreign.is_deleted
+    with pytest.raises(TypeError, match="ndarray"):
+        client.delete_buffers([other, data])
+    del view
+    client.delete_buffers([other, viewed])
+    assert viewed.is_deleted and other.is_deleted
+
+
 def test_close_refuses_while_a_view_is_alive(cpu_library_path):
     client = Client(cpu_library_path, {"cpu_device_count": 1}, schema=CPU_OPTION_SCHEMA)
     data = np.arange(10, dtype=np.int32)

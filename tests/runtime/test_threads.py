@@ -40,6 +40,8 @@ for scenario in scenarios:
         "delete-during-read": (lambda: float(big.to_numpy()[-1]), big.delete, big),
         "delete-argument-during-execute": (lambda: exe.execute([[a, b]])[0][0].to_numpy().tolist(), a.delete, a),
         "delete-executable-during-execute": (lambda: exe.execute([[a, b]])[0][0].to_numpy().tolist(), exe.delete, exe),
+        "delete-batch-with-argument-during-execute": (lambda: exe.execute([[a, b]])[0][0].to_numpy().tolist(),
+                                                      lambda: client.delete_buffers([big, a]), a),
     }[scenario]
     outcome = {}
 
@@ -71,6 +73,8 @@ for scenario in scenarios:
     else:
         registry = client._live_buffers if victim is not exe else client._live_executables
         print("freed after the call", id(victim) not in registry)
+        if scenario.startswith("delete-batch"):  # the buffer no call used went at once, in the batch
+            print("batch freed the unused one", id(big) not in registry)
         try:
             exe.execute([[a, b]]) if victim is not big else big.to_numpy()
         except ValueError as exc:
@@ -87,6 +91,7 @@ RESULTS = {
     "delete-during-read": "131071.0",
     "delete-argument-during-execute": "[1.0, 2.0, 3.0, 4.0]",
     "delete-executable-during-execute": "[1.0, 2.0, 3.0, 4.0]",
+    "delete-batch-with-argument-during-execute": "[1.0, 2.0, 3.0, 4.0]",
 }
 
 
@@ -124,14 +129,16 @@ def test_close_waits_for_calls_running_on_other_threads(python_subprocess, lifet
 
 
 def test_delete_frees_once_the_calls_using_it_end(python_subprocess, lifetime_shim):
-    """delete() of a buffer being read or passed to an execute, or of the executing executable,
-    returns at once; the call completes and frees it on its way out; later use raises ValueError."""
+    """delete() of a buffer being read or passed to an execute, or of the executing executable, and
+    client.delete_buffers() of a batch holding such an argument, return at once; the call completes and frees it on its way out; later use raises ValueError."""
     reports = run_scenarios(python_subprocess, lifetime_shim, ["delete-during-read", "delete-argument-during-execute",
-                                                               "delete-executable-during-execute"])
+                                                               "delete-executable-during-execute",
+                                                               "delete-batch-with-argument-during-execute"])
     for name, body in reports.items():
         assert "finish waited for the call False" in body, (name, body)
         assert "freed after the call True" in body, (name, body)
         assert "later call refused:" in body and "has been deleted" in body, (name, body)
+    assert "batch freed the unused one True" in reports["delete-batch-with-argument-during-execute"]
 
 
 STRESS = r"""

@@ -8,12 +8,14 @@ plugin stays referenced until the plugin's done-with-host-buffer event fires.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import BufferViewedError, ClientClosedError, HostViewUnavailableError, PjrtError
 from ._args import args_pool, new_args
+from . import _fastpath
 from ._cdef import ffi
 from ._devices import Device, Memory
 from ._dtypes import numpy_dtype_of, numpy_to_torch, torch_to_numpy
@@ -26,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only: the client is the laye
 
 _READY_EVENT = args_pool("PJRT_Buffer_ReadyEvent_Args")
 _BUFFER_DESTROY = args_pool("PJRT_Buffer_Destroy_Args")  # the pool Client._destroy_buffer takes from
+_pjrtp_destroy_buffers = _fastpath.library.pjrtp_destroy_buffers if _fastpath.library is not None else None
 
 
 class _HostPin:
@@ -508,3 +511,100 @@ class Buffer(OwnedHandle):
             return f"<pjrt Buffer shape={self.shape} dtype={self.dtype} device={self.device.id}>"
         except (PjrtError, ValueError, ClientClosedError):  # e.g. deleted by another thread meanwhile
             return "<pjrt Buffer>"
+
+
+def delete_buffers(client: Client, buffers: Iterable[Buffer]) -> None:
+    """``delete()`` on each of ``buffers`` (all of ``client``), their handles destroyed in one C call.
+
+    The same guarantees as :meth:`Buffer.delete`, checked for all before any is touched: a buffer that is not
+    ``client``'s raises ``ValueError`` and one with a live host view :class:`BufferViewedError`, deleting
+    none. One already deleted is skipped; one a call on another thread still uses is freed when that call
+    ends; each handle is destroyed exactly once, and a failing destroy does not keep the others alive (the
+    first failure is raised after all were tried). Why: freeing the ~1,000 old values of a training step one
+    finalizer at a time costs about 1 us of Python each (``benchmarks/runtime_buffers.py``).
+    """
+    batch = list(buffers)
+    for buf in batch:
+        if type(buf) is not Buffer and not isinstance(buf, Buffer):
+            raise TypeError(f"delete_buffers takes Buffers, got a {type(buf).__name__}")
+        if buf._client is not client:
+            raise ValueError("delete_buffers takes buffers of one client: this buffer belongs to another")
+    with pin_lock:  # no pin can be taken between the check and the buffers being marked deleted
+        viewed = sum(1 for buf in batch if buf._pins)
+        if viewed:
+            raise BufferViewedError(
+                f"cannot delete these buffers: {viewed} of them have host views alive; "
+                "drop the views (and every array made from them) first"
+            )
+        gone = []
+        for buf in batch:
+            if buf._ptr is not None:
+                buf._ptr = None
+                gone.append(buf)
+    if not gone:
+        return
+    calls = client._calls
+    calls.append(None)  # counted: close() waits for these frees, or they see it closed and free nothing
+    try:
+        if client._closed:  # close() frees every handle of its registry
+            return
+        running = client._running
+        registry = client._live_buffers
+        handles = []
+        first: PjrtError | None = None
+        for buf in gone:
+            if buf._calls or (running and buf._in_use()):
+                buf._free_when_unused()  # freed by the last call using it
+                continue
+            entry = registry.pop(id(buf), None)  # atomic: one caller wins
+            if entry is None:
+                continue
+            if entry[1] is not None or buf._host is not None:  # host memory to let go of: one at a time
+                host, buf._host = buf._host, None
+                try:
+                    client._destroy_buffer(entry, host)
+                except PjrtError as exc:  # destroyed all the same: go on with the others
+                    first = first or exc
+                continue
+            handles.append(entry[0])
+        error = _destroy_handles(client, handles)
+        first = first or error
+    finally:
+        calls.pop()
+    if first is not None:
+        raise first
+
+
+def _destroy_handles(client: Client, handles: list[Any]) -> PjrtError | None:
+    """``PJRT_Buffer_Destroy`` on every handle (owned by the caller, taken out of the registry); returns the
+    first failure (None: all succeeded), after trying them all."""
+    if not handles:
+        return None
+    lib = client._lib
+    try:
+        args = _BUFFER_DESTROY.pop()
+    except IndexError:
+        args = new_args("PJRT_Buffer_Destroy_Args")
+    first: PjrtError | None = None
+    plan = _fastpath.destroy_plan(client._destroy_buffer_fn, args)
+    if plan is not None:
+        assert _pjrtp_destroy_buffers is not None  # a plan is only made with the library
+        count = len(handles)
+        errors = ffi.new("PJRT_Error*[]", count)
+        failed = _pjrtp_destroy_buffers(plan, ffi.new("PJRT_Buffer*[]", handles), count, errors)
+        if failed == _fastpath.INVALID_ARGUMENTS:  # a plan built wrongly: nothing destroyed, so do it here
+            plan = None
+        elif failed:
+            for err in errors:
+                if err:
+                    exc = lib.error_to_exception(err, "PJRT_Buffer_Destroy")  # destroys the error
+                    first = first or exc
+    if plan is None:
+        for ptr in handles:
+            args.buffer = ptr
+            err = client._destroy_buffer_fn(args)
+            if err:
+                exc = lib.error_to_exception(err, "PJRT_Buffer_Destroy")
+                first = first or exc
+    _BUFFER_DESTROY.append(args)
+    return first

@@ -1338,9 +1338,15 @@ typedef struct PJRTP_ReadPlan {
   PJRT_Error* unhold_error;      /* after a failed PJRTP_STEP_WHERE: the unhold's own error */
 } PJRTP_ReadPlan;
 
+typedef struct PJRTP_DestroyPlan {
+  PJRT_Error* (*destroy)(PJRT_Buffer_Destroy_Args* args);
+  PJRT_Buffer_Destroy_Args* destroy_args;
+} PJRTP_DestroyPlan;
+
 int pjrtp_finish_ready(PJRTP_EventPlan* plan, PJRT_Event** events, size_t count);
 int pjrtp_execute(PJRTP_ExecutePlan* plan);
 PJRT_Error* pjrtp_read_pinned(PJRTP_ReadPlan* plan, PJRT_Buffer* buffer, char* dst, size_t nbytes);
+int pjrtp_destroy_buffers(PJRTP_DestroyPlan* plan, PJRT_Buffer** buffers, size_t count, PJRT_Error** errors);
 unsigned long pjrtp_declarations_crc(void);
 """
 

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,7 +23,7 @@ from .._timeouts import checked_timeout
 from ..errors import BufferViewedError, ClientClosedError, PjrtPluginsError
 from ..options import validate_options
 from ._args import args_pool, new_args, unpack_text, version_text
-from ._buffer import Buffer
+from ._buffer import Buffer, delete_buffers
 from ._cdef import ffi
 from ._compile_options import CompileOptions
 from ._devices import Device, Memory
@@ -498,6 +498,20 @@ class Client:
         raise TypeError(f"device must be a Device, a device id or None, got {type(device).__name__}")
 
     # -- buffers ---------------------------------------------------------------------
+
+    def delete_buffers(self, buffers: Iterable[Buffer]) -> None:
+        """Delete many buffers of this client at once: as ``delete()`` on each, with their handles destroyed
+        in one call of the compiled fast path instead of one Python call each.
+
+        Raises :class:`BufferViewedError` (deleting none) while any of them has a host view alive, and
+        ``ValueError`` for a buffer of another client; buffers already deleted are skipped.
+
+        Example::
+
+            outputs = exe.execute([[a]])[0]
+            client.delete_buffers(outputs)
+        """
+        delete_buffers(self, buffers)
 
     def buffer_from_host(
         self, value: Any, device: Device | int | None = None, *, copy: bool | None = None

@@ -1,5 +1,5 @@
 """The runtime's compiled fast path (``csrc/fastpath.c``): an execute with its wait, the finish of
-ready events, and a pinned read, each in one C call instead of several through libffi, each of
+ready events, a pinned read, and the destroy of many buffers, each in one C call instead of several through libffi, each of
 which costs about 0.2 us (the Architecture page, "The hot paths").
 
 Optional. When the library is missing, damaged or replaced (its checksum, checked before it is
@@ -139,4 +139,15 @@ def read_plan(functions: tuple[Any, Any, Any], structs: tuple[Any, Any, Any]) ->
     plan = ffi.new("PJRTP_ReadPlan*")
     plan.hold, plan.where, plan.unhold = functions
     plan.hold_args, plan.where_args, plan.unhold_args = structs
+    return plan
+
+
+def destroy_plan(destroy_fn: Any, args: Any) -> Any:
+    """A PJRTP_DestroyPlan for ``pjrtp_destroy_buffers`` over ``PJRT_Buffer_Destroy`` and one args struct
+    the caller owns for the call (None without the fast path)."""
+    if library is None:
+        return None
+    plan = ffi.new("PJRTP_DestroyPlan*")
+    plan.destroy = destroy_fn
+    plan.destroy_args = args
     return plan

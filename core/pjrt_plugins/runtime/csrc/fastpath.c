@@ -22,11 +22,13 @@
 
 /* Outside the declarations, which keep their enums as they are; _fastpath.py mirrors these and
  * tests/runtime/test_fastpath.py pins the two together. */
-#define PJRTP_INVALID_ARGUMENTS (-1) /* pjrtp_finish_ready, pjrtp_execute: arguments refused, nothing touched */
+#define PJRTP_INVALID_ARGUMENTS (-1) /* pjrtp_finish_ready, pjrtp_execute, pjrtp_destroy_buffers: refused, nothing touched */
 #define PJRTP_STEP_NO_DATA 3         /* pjrtp_read_pinned: the plugin gave NULL as the address of the bytes */
 #define PJRTP_STEP_INVALID 4         /* pjrtp_read_pinned: arguments refused, nothing touched */
 /* No process drives this many devices: a larger event count is a caller's mistake, never read. */
 #define PJRTP_MAX_EVENTS 65536
+/* Nor frees this many buffers in one call (the count must fit the int that counts failures). */
+#define PJRTP_MAX_BUFFERS (1 << 30)
 
 /* What pjrtp_read_pinned returns for its own two failures above: never NULL (success), never a
  * plugin's error; the caller tells it apart by failed_step and never hands it to the plugin. */
@@ -121,6 +123,27 @@ PJRT_Error* pjrtp_read_pinned(PJRTP_ReadPlan* plan, PJRT_Buffer* buffer, char* d
   }
   plan->failed_step = PJRTP_STEP_UNHOLD;
   return unhold_error;
+}
+
+/* Destroys every handle of buffers[] (a NULL one is skipped), each exactly once, and goes on past a
+ * failure: errors[i] is the plugin's error for buffers[i] (NULL on success). Returns how many failed,
+ * or PJRTP_INVALID_ARGUMENTS (nothing touched) for a plan or arrays it cannot use. The caller owns the
+ * handles (taken out of its registry) and never hands one over twice. */
+int pjrtp_destroy_buffers(PJRTP_DestroyPlan* plan, PJRT_Buffer** buffers, size_t count, PJRT_Error** errors) {
+  if (plan == NULL || plan->destroy == NULL || plan->destroy_args == NULL || count > PJRTP_MAX_BUFFERS ||
+      (count != 0 && (buffers == NULL || errors == NULL))) {
+    return PJRTP_INVALID_ARGUMENTS;
+  }
+  int failed = 0;
+  PJRT_Buffer_Destroy_Args* args = plan->destroy_args;
+  for (size_t i = 0; i < count; i++) {
+    errors[i] = NULL;
+    if (buffers[i] == NULL) continue;
+    args->buffer = buffers[i];
+    errors[i] = plan->destroy(args);
+    if (errors[i] != NULL) failed++;
+  }
+  return failed;
 }
 
 unsigned long pjrtp_declarations_crc(void) { return PJRTP_DECLARATIONS_CRC; }

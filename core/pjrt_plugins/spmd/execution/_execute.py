@@ -40,9 +40,10 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]],
         keys = rng_keys_tensor(next_rng_keys(program.lowered.rng_keys))
         columns.append(upload_host_tensor(keys, None, vd))
     for i, col in enumerate(columns):
-        if len(col) != n_dev or any(b is None for b in col):
+        if len(col) != n_dev or None in col:
             raise LoweringError(f"internal: input {i} is not on every device")
-    args = [[col[ordinal] for col in columns] for ordinal in program.device_order]
+    by_ordinal = list(zip(*columns)) if columns else [()] * n_dev  # each device's arguments, transposed in C
+    args = [by_ordinal[ordinal] for ordinal in program.device_order]
     t0 = time.perf_counter()
     try:
         outs = program.executable.execute(args)
@@ -52,11 +53,12 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]],
         raise
     count("execute_seconds", time.perf_counter() - t0)
     count("executions")
-    result: list[list[Any]] = [[None] * n_dev for _ in range(program.num_outputs)]
+    rows: list[Any] = [None] * n_dev  # each device's outputs, by ordinal
     for pos, ordinal in enumerate(program.device_order):
-        for j in range(program.num_outputs):
-            result[j][ordinal] = outs[pos][j]
-    return result
+        rows[ordinal] = outs[pos]
+    if not program.num_outputs:
+        return []
+    return [list(column) for column in zip(*rows)]  # transposed in C: about 950 buffers a training step
 
 
 def describe_program(program: CompiledProgram) -> str:
