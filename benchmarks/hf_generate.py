@@ -8,13 +8,15 @@ run (``xs.metrics()``), and the milliseconds per new token against torch's own C
 process, whose tokens ours must equal.
 
 With ``--padded``, half the prompts start with three pad tokens and the call passes their attention mask:
-transformers then appends a column to the mask per token and every decode step reads all of it, so each new
-length still compiles a program (docs/missing.md).
+transformers then appends a column to the mask per token and pads it to the cache's length; that padded mask
+is computed on the host and read by the decode step as an input of one shape (docs/models.md, "Generation").
 
 Why: a decode step must not be a new program per token (issue 29). The counts are the behaviour; the times
-measure only (never asserted). Without padding, a warm call of any length compiles nothing: the decode step
-is one program and the final ``input_ids`` is put together on the host. PyTorch/XLA 2.9 and torchax are not run here (their generate paths need their own
-environments); the issue's figure for PyTorch/XLA 2.9 with a static cache was 22 compiles for 8 tokens.
+measure only (never asserted). Padded or not, the warm-up call compiles two programs (the prefill and the decode
+step: transformers' checks on the prompt are computed on the host) and a warm call of any length compiles
+nothing: the decode step is one program and the final ``input_ids`` is put together on the host. PyTorch/XLA 2.9
+and torchax are not run here (their generate paths need their own environments); the issue's figure for
+PyTorch/XLA 2.9 with a static cache was 22 compiles for 8 tokens.
 
 Run: python benchmarks/hf_generate.py [--lengths 8,16,32] [--rounds 2] [--padded]
 """

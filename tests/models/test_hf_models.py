@@ -253,29 +253,37 @@ def test_llama_decodes_with_a_kv_cache_under_torch_compile_like_cpu_eager(cpu8, 
         assert compiles[3:] == [0, 0], f"compiles per step: {compiles}"
 
 
-def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8):
-    """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, and once
-    warm, an answer of any length compiles nothing (the decode step is one program; the final ``input_ids`` is
-    put together on the host; the last call's leftover ``cat`` is dropped, not run)."""
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8, padded):
+    """Greedy ``generate`` with a static cache on a batch sharded over 8 devices: the tokens of CPU eager, two
+    programs on the first call (prefill and decode), and once warm, an answer of any length compiles nothing (the
+    decode step is one program; the final ``input_ids`` is put together on the host; the last call's leftover
+    ``cat`` is dropped, not run). A padded prompt's attention mask, one column longer every token, is padded to
+    the cache's length on the host: the decode step reads it with one shape."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
     ref = CASES["llama"].build().eval()
     model = copy.deepcopy(ref).to("pjrt")
     mesh = xs.Mesh(range(8), (8,), ("data",))
-    # No pad token in the prompt: transformers then drops the attention mask (a padded prompt's mask grows by one
-    # column per token and is read by every decode step: a program per token, docs/missing.md).
     prompt = torch.randint(1, VOCAB, (BATCH, 5), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": prompt}
+    if padded:  # half the prompts start with two pad tokens (pad_token_id 0)
+        batch["attention_mask"] = torch.ones_like(prompt)
+        batch["attention_mask"][: BATCH // 2, :2] = 0
+        batch["input_ids"] = prompt * batch["attention_mask"]
     compiles = {}
     for new_tokens in (4, 8, 16):
         options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        want = ref.generate(prompt, **options)
+        want = ref.generate(**batch, **options)
         before = xs.metrics().compiles
         cache = transformers.StaticCache(config=model.config, max_cache_len=32)
-        got = model.generate(_shard_batch({"input_ids": prompt}, mesh)["input_ids"], cache=cache, **options)
+        got = model.generate(**_shard_batch(batch, mesh), cache=cache, **options)
         assert torch.equal(got.cpu(), want), f"{new_tokens} new tokens"
         compiles[new_tokens] = xs.metrics().compiles - before
     assert xs.metrics().fallbacks == 0
-    assert compiles[8] == compiles[16] == 0, f"programs compiled per generate call after the first: {compiles}"
+    # The first call: the prefill and the decode step (transformers' checks on the prompt and its special tokens
+    # are computed on the host; the first decode step runs the later steps' program). Later calls: none.
+    assert compiles == {4: 2, 8: 0, 16: 0}, f"programs compiled per generate call: {compiles}"
 
 
 def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
@@ -283,7 +291,8 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
     model, with ``capturable=True`` so that AdamW keeps its step counters on the device: the update is then one region
     in the step's one program. The AdamW state is made on the first call; the losses, weights and moments follow CPU
     eager's AdamW, the step stops compiling after the first steps, uploads nothing but the batch (the eager
-    update uploads its changing scalars every step), and the parameters and optimizer state are donated to the step's program."""
+    update uploads its changing scalars every step), and the parameters and optimizer state are donated to the
+    step's program."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
     ref = CASES["llama"].build().train()

@@ -46,6 +46,8 @@ aten = torch.ops.aten
 _LAZY, _DEVICE = TensorState.LAZY, TensorState.DEVICE
 #: The dispatch key of the foreach ops' kernels that loop over the per-tensor ops.
 _COMPOSITE_EXPLICIT = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+#: ``id``s of the overloads in ``CHECKED`` (an OpOverload's ``__hash__`` is Python code; overloads live for good).
+_CHECKED_IDS = frozenset(id(f) for f in CHECKED)
 
 
 def _wrapped(result: Any) -> Any:
@@ -56,10 +58,33 @@ def _wrapped(result: Any) -> Any:
     return items if type(result) is list else tuple(items)
 
 
+#: ``id(op)`` -> OpInfo of the ops :func:`dispatch` records as they are, with no other step (no in-place or
+#: ``out=`` form, no mask, no strided view, no dtype check): most ops of a step, sent straight to the trace.
+_PLAIN: dict[int, OpInfo] = {}
+
+
 def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func(*args, **kwargs)`` on pjrt tensors: pjrt tensors holding pending values come back."""
+    info = _PLAIN.get(id(func))
+    if info is not None:  # the common case, as the general path below takes it
+        if kwargs:
+            refuse_generator(func, kwargs)
+        else:
+            kwargs = {}
+        with ENGINE.lock:
+            try:
+                values = record_values(info, args, kwargs)
+            except (DataDependentShapeError, NotLowerable) as exc:
+                return _fallback.refuse_or_run(func, args, kwargs, exc)
+            if type(values) is LazyValue:
+                return wrap(pending_data(values))
+            items = [wrap(pending_data(v)) if v is not None else None for v in values]
+            return items if type(values) is list else tuple(items)
     info = ENGINE.op_infos.get(id(func)) or op_info(func)
-    if func in CHECKED:
+    if (info.recordable and not (info.inplace or info.maskable or info.strided or info.out_variant)
+            and id(func) not in _CHECKED_IDS):
+        _PLAIN[id(func)] = info  # overloads live for good: their ids stay theirs
+    if id(func) in _CHECKED_IDS:
         check_kernel_dtypes(func, args, kwargs or {})
     if info.strided:
         refuse_strided_view(info, args)

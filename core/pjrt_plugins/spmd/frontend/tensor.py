@@ -355,7 +355,7 @@ class XLAShardedTensor(torch.Tensor):
                 result = handler(func, args, kwargs)
                 if result is not NotImplemented:
                     return result
-            return _route_to_engine(func, types, args, kwargs)
+            return _seam.engine().dispatch(func, types, args, kwargs)  # _route_to_engine, one call less per op
         except BaseException as error:
             if getattr(error, "_pjrt_no_device", False) and torch._C._current_graph_task_id() == -1:
                 # No pjrt device (PJRT_DEVICE=garbage, no GPU): the devices layer's one-line error, without the
@@ -644,6 +644,12 @@ def _empty_like(func: Any, args: tuple, kwargs: dict) -> Any:
     if device is not None and torch.device(device).type != DEVICE_TYPE:
         return torch.empty(shape, dtype=dtype, device=device)
     check_torch_device(device)
+    if base.state is TensorState.LAZY:
+        # Made from a pending tensor, it is read by pending ops too (autograd's ``1 - sigmoid`` is
+        # ``empty_like(s).fill_(1).sub_(s)``): pending zeros, as an unwritten tensor reads in a trace, cost one
+        # recorded op, where host memory cost an allocation and a host fill (0.5 ms for silu's backward of
+        # the hf_step Llama) that the trace recomputes anyway.
+        return _route_to_engine(aten.zeros.default, (), (list(shape),), {"dtype": dtype, "device": _META})
     return wrap(TensorData.empty(shape, dtype))
 
 

@@ -263,7 +263,7 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
     if trace is None:
         trace = ENGINE.current_trace()
     tensor_type = _tensor_type
-    lift = info.lifts and _lifts_here(args, kwargs)
+    lift: bool | None = None  # worked out at the first argument that is not a pjrt tensor (only _key reads it)
     fill = info.fills
     keys = []
     for a in args:  # _key, with its most common case (a tensor of this trace) inline
@@ -273,11 +273,17 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
             keys.append(value.index if value is not None and value.trace is trace and data.state is _LAZY
                         else _ref(trace, data))
         else:
+            if lift is None:
+                lift = info.lifts and _lifts_here(args, kwargs)
             keys.append(_key(trace, a, lift, fill))
-    if info.is_view and not kwargs and info.func in _NARROWING and type(keys[0]) is int:
+    if info.is_view and not kwargs and (info.func is _SLICE or info.func is _SELECT) and type(keys[0]) is int:
         keys = _narrow_through_cat(trace, info.func is _SELECT, keys)
-    entry = (info.id, tuple(keys),
-             tuple([(k, _key(trace, v, lift, fill)) for k, v in kwargs.items()]) if kwargs else ())
+    if kwargs:
+        if lift is None:
+            lift = info.lifts and _lifts_here(args, kwargs)
+        entry = (info.id, tuple(keys), tuple([(k, _key(trace, v, lift, fill)) for k, v in kwargs.items()]))
+    else:
+        entry = (info.id, tuple(keys), ())
     cursor = trace.cursor
     step = cursor.next.get(entry)
     if step is None:
@@ -323,8 +329,8 @@ def record_values(info: OpInfo, args: tuple, kwargs: dict, whole: bool = False) 
     return results if out[0] == "L" else tuple(results)
 
 
+#: Compared by identity: an OpOverload's ``__hash__`` is Python code, too slow for every view op.
 _CAT, _SELECT, _SLICE = aten.cat.default, aten.select.int, aten.slice.Tensor
-_NARROWING = frozenset({_SELECT, _SLICE})
 
 
 def _narrow_through_cat(trace: Trace, select: bool, keys: list[Any]) -> list[Any]:

@@ -58,9 +58,10 @@ class LazyValue:
 
 
 class TraceInput:
-    """A graph input: the device buffers its entry stands for, fixed at record time."""
+    """A graph input: the device buffers its entry stands for, fixed at record time, and their value on the host
+    once a host computation gathered it (``host``; ``_host_compute``: a value read every step is gathered once)."""
 
-    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh", "data_id")
+    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh", "data_id", "host")
 
     def __init__(self, data: TensorData) -> None:
         assert data.buffers is not None and data.sharding is not None
@@ -71,6 +72,7 @@ class TraceInput:
         self.shape = data.shape
         self.dtype = data.dtype
         self.mesh = data.mark[0] if data.mark is not None else None  # names the Shardy mesh's axes
+        self.host: torch.Tensor | None = None
 
 
 class Step:
