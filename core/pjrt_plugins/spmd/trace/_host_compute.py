@@ -19,6 +19,7 @@ import torch
 from ..devices import virtual_device
 from ..lowering import ScalarSlot
 from ..transport import gather_shards
+from ._record import key_value
 from ._state import ENGINE
 from ._trace import GETITEM, INPUT, Trace
 
@@ -142,33 +143,15 @@ def replay(trace: Trace, order: list[int]) -> dict[int, Any] | None:
             continue
         info = ENGINE.ops_by_id[entry[0]]
         assert info is not None
-        args = tuple(_host_value(k, values, trace.scalars) for k in entry[1])
-        kwargs = {name: _CPU if name == "device" else _host_value(k, values, trace.scalars) for name, k in entry[2]}
+        args = tuple(key_value(k, values, trace.scalars, host=True) for k in entry[1])
+        kwargs = {name: _CPU if name == "device" else key_value(k, values, trace.scalars, host=True)
+                  for name, k in entry[2]}
         try:
             values[i] = info.func(*args, **kwargs)
         except (RuntimeError, TypeError, ValueError, IndexError) as exc:  # the program gives its own verdict
             logger.debug("%s refused on the host (%s): it runs in a program", info.name, exc)
             return None
     return values
-
-
-def _host_value(key: Any, values: dict[int, Any], scalars: list[float]) -> Any:
-    """The CPU argument a key stands for (``_record.key_value`` with run-time scalars as their Python values)."""
-    kind = type(key)
-    if kind is int:
-        return values[key]
-    if kind is not tuple:
-        return key
-    tag = key[0]
-    if tag is float:
-        return key[1] if type(key[1]) is float else float(key[1])
-    if tag is ScalarSlot:
-        return key[2](scalars[key[1]]) if len(key) > 2 else scalars[key[1]]
-    if tag is list:
-        return [_host_value(k, values, scalars) for k in key[1]]
-    if tag is tuple:
-        return tuple(_host_value(k, values, scalars) for k in key[1])
-    return key[1]  # int, bool
 
 
 def _inexact(dtype: torch.dtype) -> bool:

@@ -133,8 +133,9 @@ def _lift_exact(trace: Trace, value: int, kind: type) -> tuple:
     return (ScalarSlot, len(trace.scalars) - 1, kind)
 
 
-def key_value(key: Any, nodes: list[Any], scalars: list[float]) -> Any:
-    """The graph argument a key stands for (the inverse of ``_key``, tensors as their nodes)."""
+def key_value(key: Any, nodes: Any, scalars: list[float], host: bool = False) -> Any:
+    """The graph argument a key stands for (the inverse of ``_key``, tensors as ``nodes[index]``). ``host``: run-time
+    scalars as their Python values (an int or bool fill as its own type), for replaying ops with torch on the CPU."""
     kind = type(key)
     if kind is int:
         return nodes[key]
@@ -144,11 +145,13 @@ def key_value(key: Any, nodes: list[Any], scalars: list[float]) -> Any:
     if tag is float:
         return key[1] if type(key[1]) is float else float(key[1])
     if tag is ScalarSlot:
+        if host:
+            return key[2](scalars[key[1]]) if len(key) > 2 else scalars[key[1]]
         return ScalarSlot(scalars[key[1]], key[1])
     if tag is list:
-        return [key_value(k, nodes, scalars) for k in key[1]]
+        return [key_value(k, nodes, scalars, host) for k in key[1]]
     if tag is tuple:
-        return tuple(key_value(k, nodes, scalars) for k in key[1])
+        return tuple(key_value(k, nodes, scalars, host) for k in key[1])
     return key[1]  # int, bool, _Unique
 
 
