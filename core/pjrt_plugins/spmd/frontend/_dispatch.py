@@ -72,14 +72,7 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         else:
             kwargs = {}
         with ENGINE.lock:
-            try:
-                values = record_values(info, args, kwargs)
-            except (DataDependentShapeError, NotLowerable) as exc:
-                return _fallback.refuse_or_run(func, args, kwargs, exc)
-            if type(values) is LazyValue:
-                return wrap(pending_data(values))
-            items = [wrap(pending_data(v)) if v is not None else None for v in values]
-            return items if type(values) is list else tuple(items)
+            return _record_plain(func, info, args, kwargs)
     info = ENGINE.op_infos.get(id(func)) or op_info(func)
     if (info.recordable and not (info.inplace or info.maskable or info.strided or info.out_variant)
             and id(func) not in _CHECKED_IDS):
@@ -105,10 +98,7 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
                 info.name, f"{info.name} with a boolean mask has a data-dependent result and the CPU "
                 "fallback is off; use torch.where / masked_fill, or turn the fallback on"))
         if info.recordable:
-            try:
-                return _wrapped(record(info, args, kwargs))
-            except (DataDependentShapeError, NotLowerable) as exc:
-                return _fallback.refuse_or_run(func, args, kwargs, exc)
+            return _record_plain(func, info, args, kwargs)
         if func is aten.equal.default:
             return bool(torch.all(torch.eq(args[0], args[1])).item()) if args[0].shape == args[1].shape else False
         if info.foreach:  # no per-tensor twin to record whole: torch's kernel calls the per-tensor ops
@@ -130,6 +120,19 @@ def dispatch(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         if result is not NotImplemented:
             return result
         return _fallback.refuse_or_run(func, args, kwargs)
+
+
+def _record_plain(func: Any, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    """Record ``func`` as it is and wrap its pending results (the CPU fallback decides when it cannot be recorded);
+    the engine's lock is held. One pass from values to tensors: this is most ops of a step."""
+    try:
+        values = record_values(info, args, kwargs)
+    except (DataDependentShapeError, NotLowerable) as exc:
+        return _fallback.refuse_or_run(func, args, kwargs, exc)
+    if type(values) is LazyValue:
+        return wrap(pending_data(values))
+    items = [wrap(pending_data(v)) if v is not None else None for v in values]
+    return items if type(values) is list else tuple(items)
 
 
 def _run_out_variant(func: Any, args: tuple, kwargs: dict, functional: Any) -> Any:
