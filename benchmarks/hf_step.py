@@ -169,6 +169,14 @@ class TorchSide:
         self.loss = None
         self.run(2)  # the first step makes the optimizer state; the second runs the steady-state program(s)
 
+    def train_step(self) -> Any:
+        """Forward, backward, the optimizer step and ``zero_grad``, before the sync; returns the loss."""
+        loss = self.forward(input_ids=self.ids, labels=self.labels).loss
+        loss.backward()
+        self.step()
+        self.opt.zero_grad()
+        return loss
+
     def run(self, steps: int) -> dict[str, Any]:
         clock = time.perf_counter
         out: dict[str, list] = {"times": [], "execute": [], "programs": [], "ops": [], "key": [], "after": [],
@@ -179,10 +187,7 @@ class TorchSide:
         for _ in range(steps):
             before = self.xs.metrics() if pjrt else None
             t0 = clock()
-            loss = self.forward(input_ids=self.ids, labels=self.labels).loss
-            loss.backward()
-            self.step()
-            self.opt.zero_grad()
+            loss = self.train_step()
             self.sync()
             self.wait()
             out["times"].append(clock() - t0)
@@ -198,6 +203,62 @@ class TorchSide:
             self.loss = loss
         out["loss"] = [float(self.loss.item())]
         return out
+
+
+class FunctionalSide(TorchSide):
+    """torchax's step math run by our engine: ``torch.func.functional_call`` under ``torch.func.grad_and_value``, the
+    AdamW update written out as in :func:`torchax_worker`, traced op by op (eager) and run as one program by
+    ``xs.sync()``. The state is updated in place (``copy_``), so our engine donates it as torchax's
+    ``donate_argnums`` does. Against ``TorchSide(compiled=True)`` it tells the torch.compile step's structure
+    (AOTAutograd's regions, foreach AdamW) from the lowering of the same math."""
+
+    def __init__(self, mesh_name: str) -> None:  # TorchSide's __init__ not called: no optimizer, no compile
+        import pjrt_plugins.spmd as xs
+        import torch
+
+        self.kind, self.donate, self.xs, self.sync, self.wait = "pjrt", True, xs, xs.sync, (lambda: None)
+        shape, axes = MESHES[mesh_name]
+        xs.set_plugin("cpu", options={"cpu_device_count": 8})
+        mesh = xs.Mesh(range(8), shape, axes)
+        self.model = build_model().to("pjrt")
+        for name, p in self.model.named_parameters():
+            spec = spec_of(name, mesh_name)
+            if spec is not None:
+                xs.mark_sharding(p, mesh, spec)
+        self.ids, self.labels = (torch.from_numpy(a).to("pjrt") for a in batch())
+        for t in (self.ids, self.labels):
+            xs.mark_sharding(t, mesh, ("data", None))
+        self.buffers = dict(self.model.named_buffers())
+        self.p = {n: q.detach() for n, q in self.model.named_parameters()}
+        self.m = {n: torch.zeros_like(q) for n, q in self.p.items()}
+        self.v = {n: torch.zeros_like(q) for n, q in self.p.items()}
+        self.t = torch.zeros((), device="pjrt")
+        self.loss = None
+        self.run(2)
+
+    def _loss(self, weights: dict, ids: Any, labels: Any) -> Any:
+        import torch
+
+        return torch.func.functional_call(self.model, {**weights, **self.buffers}, (),
+                                          {"input_ids": ids, "labels": labels}).loss
+
+    def train_step(self) -> Any:
+        """Gradients and the AdamW update of :func:`torchax_worker`, in place; returns the loss."""
+        import torch
+
+        grads, loss = torch.func.grad_and_value(self._loss)(self.p, self.ids, self.labels)
+        t = self.t + 1
+        b1, b2 = BETAS
+        for k, w in self.p.items():
+            g, m, v = grads[k], self.m[k], self.v[k]
+            new_m = m + (g - m) * (1 - b1)
+            new_v = v * b2 + (1 - b2) * g * g
+            denom = torch.sqrt(new_v) / torch.sqrt(1 - b2 ** t) + EPS
+            w.copy_(w * (1 - LR * WEIGHT_DECAY) - (LR / (1 - b1 ** t)) * new_m / denom)
+            m.copy_(new_m)
+            v.copy_(new_v)
+        self.t.copy_(t)
+        return loss
 
 
 def _last_run_split() -> dict[str, float]:

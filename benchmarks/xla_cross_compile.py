@@ -13,10 +13,11 @@ The modules are StableHLO text for 8 partitions with GSPMD shardings (``mhlo.sha
 (``sdy.sharding`` over an ``sdy.mesh`` in device order), such as those ``hf_step.py --dump-programs DIR`` writes (ours,
 torchax's). Donation attributes are dropped, so the inputs (0.01
 for floats, zeros otherwise; the values do not change the work) are reused across calls. ``--donate`` adds the
-column "plugin XLA, donating": the modules as they are (``tf.aliasing_output``: inputs aliased to outputs, as jax
-donates a step's state), each call's aliased outputs fed back as the next call's inputs, as a training loop does.
-Each cell is the median of ``--rounds`` rounds of ``--calls`` calls, each call waiting for every output. Measures
-only.
+columns "plugin XLA, donating" and "jaxlib XLA, donating": the modules as they are (``tf.aliasing_output``: inputs
+aliased to outputs, as jax donates a step's state), each call's aliased outputs fed back as the next call's inputs,
+as a training loop does. Each cell is the median of ``--rounds`` rounds of ``--calls`` calls, each call waiting for
+every output; a second table gives each call's CPU time (all threads of the worker process), which the machine's
+load moves less than the wall time. Measures only.
 
 Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5] [--donate]
 """
@@ -195,16 +196,25 @@ def jaxlib_compile(text: str) -> tuple[Any, list[Any]]:
     return exe, arrays
 
 
-def jaxlib_runner(text: str) -> Callable[[], float]:
-    """``text`` compiled by jaxlib's XLA; a call runs it, waits for it and returns the seconds that took."""
+def jaxlib_runner(text: str, donate: bool = False) -> Callable[[], float]:
+    """``text`` compiled by jaxlib's XLA; a call runs it, waits for it and returns the seconds that took (with
+    ``donate``, the donated arguments' outputs become the next call's inputs, as for the plugin)."""
+    import jax
+
     exe, arrays = jaxlib_compile(text)
+    fed_back = aliases(text) if donate else {}
 
     def run() -> float:
         t0 = time.perf_counter()
-        for pieces in exe.execute_sharded(arrays).disassemble_into_single_device_arrays():
+        outputs = exe.execute_sharded(arrays).disassemble_into_single_device_arrays()
+        for pieces in outputs:
             for piece in pieces:
                 piece.block_until_ready()
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        for i, j in fed_back.items():
+            old = arrays[i]
+            arrays[i] = jax.make_array_from_single_device_arrays(old.shape, old.sharding, outputs[j])
+        return seconds
 
     return run
 
@@ -213,7 +223,7 @@ def worker(kind: str, paths: list[str], donate: bool = False) -> int:
     if kind == "plugin":
         runners = {path: plugin_runner(prepare(Path(path).read_text(), donate), donate) for path in paths}
     else:
-        runners = {path: jaxlib_runner(prepare(Path(path).read_text())) for path in paths}
+        runners = {path: jaxlib_runner(prepare(Path(path).read_text(), donate), donate) for path in paths}
     for run in runners.values():
         run()
         run()
@@ -221,9 +231,10 @@ def worker(kind: str, paths: list[str], donate: bool = False) -> int:
     def handle(words: list[str]) -> dict:
         run = runners[words[1]]
         times = []
+        cpu = time.process_time()  # every thread of this process: the executable's work, whatever the load
         for _ in range(int(words[2])):
             times.append(run())
-        return {"ms": statistics.median(times) * 1e3}
+        return {"ms": statistics.median(times) * 1e3, "cpu_ms": (time.process_time() - cpu) / len(times) * 1e3}
 
     return serve_commands({"ready": len(runners)}, handle)
 
@@ -234,6 +245,7 @@ COMPILERS = {
     "jaxlib XLA, no YNN fusions": ("jaxlib", {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}),
 }
 DONATING = "plugin XLA, donating"
+JAXLIB_DONATING = "jaxlib XLA, donating"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5, help="calls per round, module and compiler")
     parser.add_argument("--donate", action="store_true",
-                        help="add the plugin's XLA running the modules with their donation (inputs aliased to "
-                             "outputs), each call's aliased outputs fed back as the next call's inputs")
+                        help="add both XLAs running the modules with their donation (inputs aliased to outputs), "
+                             "each call's aliased outputs fed back as the next call's inputs")
     parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     paths = [str(Path(p).resolve()) for p in args.modules]
@@ -251,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args.worker, paths, args.donate)
     print(f"{len(paths)} modules on {DEVICES} CPU devices; {os.cpu_count()} cpus, load "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
-    columns = {**COMPILERS, **({DONATING: ("plugin", {})} if args.donate else {})}
+    columns = {**COMPILERS, **({DONATING: ("plugin", {}), JAXLIB_DONATING: ("jaxlib", {})} if args.donate else {})}
     workers: dict[str, Worker] = {}
     try:
         for name, (kind, env) in columns.items():
@@ -260,24 +272,31 @@ def main(argv: list[str] | None = None) -> int:
             jax_env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"}
             extra = jax_env if kind == "jaxlib" else {}
             t0 = time.perf_counter()
-            donate = ["--donate"] if name == DONATING else []
+            donate = ["--donate"] if name in (DONATING, JAXLIB_DONATING) else []
             workers[name] = Worker(__file__, [*paths, *donate], flag=f"--worker={kind}", python=sys.executable,
                                    env=extra)
             print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         results: dict[tuple[str, str], list[float]] = {}
+        cpu: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for name, w in workers.items():
                 for path in paths:
-                    results.setdefault((name, path), []).append(w.request("run", path, args.calls)["ms"])
+                    got = w.request("run", path, args.calls)
+                    results.setdefault((name, path), []).append(got["ms"])
+                    cpu.setdefault((name, path), []).append(got["cpu_ms"])
             print(f"  round {r + 1}: load " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     finally:
         for w in workers.values():
             w.close()
     table = Table([("module", 36, ""), *((f"{name} ms", len(name) + 3, ".1f") for name in columns)])
-    print()
-    print(table.header())
-    for path in paths:
-        print(table.row(Path(path).name, *(statistics.median(results[(name, path)]) for name in columns)))
+    for title, values in (("wall time per call (median)", results),
+                          ("CPU time per call, all threads of the process (median): the work, less hit by the load",
+                           cpu)):
+        print()
+        print(title)
+        print(table.header())
+        for path in paths:
+            print(table.row(Path(path).name, *(statistics.median(values[(name, path)]) for name in columns)))
     print(json.dumps({Path(p).name: {n: results[(n, p)] for n in columns} for p in paths}))
     return 0
 
