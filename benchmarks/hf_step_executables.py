@@ -14,7 +14,10 @@ printed:
   worker" (the same in a fresh process: ``xla_cross_compile.py --donate``'s workers).
 
 Same program, different place: the runtime or the process; same place, different program: the program; plugin
-against jaxlib worker: the compiler. Ratios are to torchax's executable in its step. Measures only.
+against jaxlib worker: the compiler. Ratios are to torchax's executable in its step; torchax's whole step and its
+dispatch follow (jax starts the executable during the dispatch, so "after dispatch" leaves part of it out), then the
+CPU time of the isolated calls (all threads of the process running them), which the load moves less than wall
+times. The load printed counts this run's own device threads too. Measures only.
 
 Run: python benchmarks/hf_step_executables.py --torchax-python PATH [--meshes data,megatron] [--rounds 5] [--calls 3]
 """
@@ -43,24 +46,27 @@ def _load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _new_step_program(before: set, programs: dict) -> Any:
+def _new_step_program(before: set[Any], programs: dict[Any, Any]) -> Any:
     """The largest program compiled since ``before`` (the training step's)."""
     return max((p for k, p in programs.items() if k not in before), key=lambda p: len(p.lowered.text))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torchax-python", default=os.environ.get("TORCHAX_PYTHON"), required=False,
+    parser.add_argument("--torchax-python", default=os.environ.get("TORCHAX_PYTHON"),
                         help="an interpreter from benchmarks/envs/torchax-venv.sh (default: $TORCHAX_PYTHON)")
     parser.add_argument("--meshes", default="data,megatron", help="comma-separated: data, megatron")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3, help="steps or calls per round, program and place")
-    parser.add_argument("--keep", default=None, metavar="DIR", help="write the three programs' StableHLO into DIR")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="keep the programs' StableHLO in DIR (default: a new temporary folder)")
     args = parser.parse_args(argv)
     if not args.torchax_python:
         parser.error("--torchax-python (or $TORCHAX_PYTHON) is needed: torchax's step is the reference")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     meshes = args.meshes.split(",")
+    unknown = set(meshes) - set(hf_step.MESHES)
+    if unknown:
+        parser.error(f"unknown meshes {sorted(unknown)}; choose from {sorted(hf_step.MESHES)}")
     from pjrt_plugins.spmd import execution
 
     folder = args.keep or tempfile.mkdtemp(prefix="hf-step-executables-")
