@@ -25,7 +25,9 @@ read). Measures only; never asserts a timing.
 ``--dump-programs DIR`` also writes the StableHLO of our compiled step and of torchax's (each with its own
 partitioner's shardings, Shardy on both sides today) for each mesh; ``xla_cross_compile.py DIR/*.mlir`` then runs both
 programs on both compilers (the plugin's XLA and jaxlib's), which tells a slower program from a slower compiler, and
-``hf_step_ops.py DIR/*.mlir`` splits each program's execution into its ops.
+``hf_step_ops.py DIR/*.mlir`` splits each program's execution into its ops. ``hf_step_executables.py`` times our
+compiled step's executable, that of ``FunctionalSide`` (torchax's step math traced by our engine) and torchax's, each in
+its step and alone on both compilers.
 
 ``--torchax-without-donation`` adds torchax's step jitted without ``donate_argnums``: every step then writes its
 state to new buffers. ``--ours-without-donation`` adds our compiled step with ``xs.set_donation(False)`` (our engine
