@@ -35,7 +35,7 @@ class EngineState:
     - ``last_scalars``: the last run-time scalars and their buffers (reused while they do not change).
     - ``realign_positions``: per program key, the inputs its executable wants laid out otherwise.
     - ``last_timings``: where the last materialization's time went.
-    - ``host_reads``: how many pending values were read on the host without a program (``_host_read``).
+    - ``host_reads``: how many pending values that read device data were read on the host without a program.
     - ``programs``: the execution layer's compile cache.
     """
 
