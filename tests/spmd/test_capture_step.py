@@ -245,3 +245,18 @@ def test_recapture_takes_a_changed_python_number(engine):
     captured.recapture()
     captured(x)
     assert acc.cpu().tolist() == [20.0, 20.0]
+
+
+def test_weights_loaded_in_place_between_replays_are_read(engine):
+    model, batches = _model(), _batches(4)
+    mesh, pmodel, step = _setup(model)
+    captured = xs.capture_step(step)
+    data = _on_devices(batches, mesh)
+    first = captured(*data[0])
+    for x, y in data[1:]:
+        captured(x, y)
+    assert captured.replays == 1
+    pmodel.load_state_dict(model.state_dict())  # copies the CPU weights into the same tensors
+    again = captured(*data[0])
+    assert captured.replays == 2  # replayed, on the loaded weights: the first call's loss again
+    torch.testing.assert_close(again.cpu(), first.cpu(), rtol=1e-6, atol=1e-7)

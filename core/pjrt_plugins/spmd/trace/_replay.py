@@ -85,7 +85,7 @@ class Recording:
     node the trace ended on), its run-time scalars, random ops, pins, outputs, and the bindings.
     """
 
-    __slots__ = ("trace", "outputs", "pins", "base", "donated", "program", "undonated", "inputs", "holders",
+    __slots__ = ("trace", "outputs", "pins", "base", "donated", "program", "undonated", "inputs", "empty", "holders",
                  "results", "scalar_buffers", "generation", "signature")
 
     def __init__(self, trace: Trace, run: RunRecord, inputs: list[Binding], holders: list[list[Binding]],
@@ -98,6 +98,8 @@ class Recording:
         self.program = run.program
         self.undonated: CompiledProgram | None = None if run.donated else run.program
         self.inputs = inputs
+        #: The buffers of the empty inputs made inside the step (they hold no values, so they never change).
+        self.empty = {k: trace.inputs[k].buffers for k, b in enumerate(inputs) if isinstance(b, tuple)}
         self.holders = holders
         self.results = results
         self.scalar_buffers = scalar_buffers
@@ -127,6 +129,9 @@ def record_call(watch: CallWatch, args: Sequence[TensorData | None], results: Se
     result_position = {id(d): r for r, d in enumerate(results)}
     inputs = _input_bindings(trace, arg_position, watch.first_id)  # a function: no name here holds an input
     frozen = _frozen(trace)
+    for k, binding in enumerate(inputs):
+        if isinstance(binding, tuple):
+            frozen.inputs[k].buffers = trace.inputs[k].buffers
     scalars = list(trace.scalars)
     run = run_whole(trace)
     if run is None:
@@ -136,7 +141,7 @@ def record_call(watch: CallWatch, args: Sequence[TensorData | None], results: Se
             raise NotReplayable(f"returned tensor {r} is not computed by the step (return what it computes, or "
                                 "return nothing for tensors it only reads)")
     holders: list[list[Binding]] = []
-    tokens: list[Any] = [tuple(b if isinstance(b, int) else ("lasting", s.data_id)
+    tokens: list[Any] = [tuple(b if isinstance(b, (int, tuple)) else ("lasting", s.data_id)
                                for b, s in zip(inputs, frozen.inputs))]
     for index in run.outputs:
         bound: list[Binding] = []
@@ -158,20 +163,23 @@ def record_call(watch: CallWatch, args: Sequence[TensorData | None], results: Se
 
 
 def _input_bindings(trace: Trace, arg_position: dict[int, int], first_id: int) -> list[Binding]:
-    """Where each input of ``trace`` is read from: an argument's position, or a lasting tensor (weakly)."""
+    """Where each input of ``trace`` is read from: an argument's position, a lasting tensor (weakly), or, for an
+    empty tensor made inside the step, its recorded buffers (``("empty", k)``)."""
     inputs: list[Binding] = []
     for source in trace.inputs:
         read = source.source()
         if read is not None and id(read) in arg_position:
             inputs.append(arg_position[id(read)])
-        elif read is None:
-            sync()
-            raise NotReplayable("the step reads a tensor that is freed before it ends")
+        elif source.data_id >= first_id and 0 in source.shape:  # made inside, without values (an empty cache)
+            inputs.append(("empty", len(inputs)))
         elif source.data_id >= first_id:
             sync()
             raise NotReplayable("the step moves data it made on the host to the devices (torch.tensor of a Python "
                                 "list, a CPU tensor moved to pjrt): make it with a device op (torch.full, arange, "
                                 "a slice of a device tensor) or pass it as an argument")
+        elif read is None:
+            sync()
+            raise NotReplayable("the step reads a tensor that is freed before it ends")
         else:
             inputs.append(source.source)
     return inputs
@@ -187,8 +195,13 @@ def replay(recording: Recording, args: Sequence[TensorData | None]) -> list[Tens
         if vd.generation != recording.generation:
             raise ReplayMiss("the virtual device was replaced since the step was recorded")
         trace = recording.trace
-        sources: list[TensorData] = []
+        sources: list[TensorData | None] = []
+        columns: list[Any] = []
         for k, binding in enumerate(recording.inputs):
+            if isinstance(binding, tuple):
+                sources.append(None)
+                columns.append(recording.empty[k])
+                continue
             data = _resolve(binding, args)
             if data is None:
                 raise ReplayMiss(f"input {k} of the recorded step was freed")
@@ -201,7 +214,7 @@ def replay(recording: Recording, args: Sequence[TensorData | None]) -> list[Tens
                     or data.generation != vd.generation):
                 raise ReplayMiss(f"input {k} of the recorded step changed shape, dtype or layout since")
             sources.append(data)
-        columns: list[Any] = [data.buffers for data in sources]
+            columns.append(data.buffers)
         if recording.scalar_buffers is not None:
             columns.append(recording.scalar_buffers)
         if trace.rng:
