@@ -260,3 +260,21 @@ def test_weights_loaded_in_place_between_replays_are_read(engine):
     again = captured(*data[0])
     assert captured.replays == 2  # replayed, on the loaded weights: the first call's loss again
     torch.testing.assert_close(again.cpu(), first.cpu(), rtol=1e-6, atol=1e-7)
+
+
+def test_one_tensor_passed_twice_is_not_replayed_for_two(engine):
+    acc = torch.zeros(3, device="pjrt")
+
+    def step(a, b):
+        acc.add_(a + 2 * b)
+        return acc.sum()
+
+    captured = xs.capture_step(step)
+    x = torch.ones(3).to("pjrt")
+    for _ in range(4):
+        captured(x, x)  # records a step whose two arguments are one input
+    assert captured.replays == 1
+    y = torch.full((3,), 10.0).to("pjrt")
+    acc.zero_()
+    captured(x, y)
+    assert acc.cpu().tolist() == [21.0] * 3

@@ -171,8 +171,10 @@ def _argument_key(spec: Any, leaves: list[Any]) -> tuple[Any, list[TensorData | 
             data = leaf._pjrt_data
             if data is None:
                 raise RuntimeError("capture_step cannot run inside torch.compile")
+            # the same tensor passed twice is one input of the recording: later calls must pass one tensor too
+            same = next((p for p, d in enumerate(datas) if d is data), None)
             datas.append(data)
-            parts.append((data.shape, data.dtype, data.annotation))
+            parts.append((data.shape, data.dtype, data.annotation, same))
         elif isinstance(leaf, torch.Tensor):
             raise TypeError(f"capture_step arguments must be pjrt tensors or constants, got a tensor on "
                             f"{leaf.device}: move it with .to('pjrt')")
