@@ -37,7 +37,8 @@ torch's recipe, and ``AdamW(capturable=True)``): the AdamW update becomes one tr
 step.
 ``--captured`` adds ours eager and compiled with the whole step (forward, backward, AdamW with ``capturable=True``,
 ``zero_grad``) under ``xs.capture_step``: traced until two calls agree, then replayed without its Python, as torchax
-runs one jitted function per step.
+runs one jitted function per step. They warm up with one step more than the other sides (the first makes AdamW's
+state, the next two must agree to be recorded), so their last loss is one step further.
 ``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
 ``zero_grad``, the sync around the executable, the garbage collector's time).
 

@@ -124,7 +124,7 @@ def _run(trace: Trace) -> RunRecord | None:
 
 
 def run_whole(trace: Trace) -> RunRecord | None:
-    """Run all of ``trace`` (the pending one or a finished recording's) and say how (``capture_step`` keeps it)."""
+    """Run all of the pending ``trace``, as ``sync`` does, and say how it ran (``_replay`` records that)."""
     with ENGINE.lock:
         return _run(trace)
 

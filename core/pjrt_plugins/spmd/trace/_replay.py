@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["CallWatch", "NotReplayable", "Recording", "ReplayMiss", "record_call", "replay", "watch_call"]
 
 #: Where a recorded input or result lives: an argument (its position among the call's tensor arguments), a tensor
-#: that lives on between calls (a weak reference: parameters, optimizer state), or a result (``("result", r)``).
+#: that lives on between calls (a weak reference: parameters, optimizer state), a result (``("result", r)``), or
+#: for an input, an empty tensor made inside the step (``("empty", k)``: its recorded buffers).
 Binding = Union[int, "weakref.ref[TensorData]", tuple[str, int]]
 
 
