@@ -37,12 +37,16 @@ is worth on each side.
 ``--compiled-optimizer`` adds ours with the optimizer step compiled too (``torch.compile(opt.step, backend="pjrt")``,
 torch's recipe, and ``AdamW(capturable=True)``): the AdamW update becomes one traced region, as in torchax's jitted
 step.
+``--captured`` adds ours eager and compiled with the whole step (forward, backward, AdamW with ``capturable=True``,
+``zero_grad``) under ``xs.capture_step``: traced until two calls agree, then replayed without its Python, as torchax
+runs one jitted function per step. They warm up with one step more than the other sides (the first makes AdamW's
+state, the next two must agree to be recorded), so their last loss is one step further.
 ``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
 ``zero_grad``, the sync around the executable, the garbage collector's time).
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
      [--meshes data,megatron] [--fused] [--torchax-without-donation] [--ours-without-donation]
-     [--dump-programs DIR] [--compiled-optimizer] [--phases]
+     [--dump-programs DIR] [--compiled-optimizer] [--captured] [--phases]
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ class TorchSide:
     """One torch training loop on ``pjrt`` (ours, eager or compiled) or ``xla`` (PyTorch/XLA)."""
 
     def __init__(self, kind: str, mesh_name: str, compiled: bool = False, fused: bool = False,
-                 donate: bool = True, compiled_optimizer: bool = False) -> None:
+                 donate: bool = True, compiled_optimizer: bool = False, captured: bool = False) -> None:
         import torch
 
         self.kind = kind
@@ -163,13 +167,24 @@ class TorchSide:
         for t in (self.ids, self.labels):
             mark(t, mesh, ("data", None))
         # compiled, AdamW keeps its step counters on the device (capturable): CPU counters make the update no region
+        # captured, it must too: a replayed step keeps the Python numbers of the call it recorded
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-                                     fused=fused or None, capturable=compiled_optimizer)
+                                     fused=fused or None, capturable=compiled_optimizer or captured)
         self.forward = torch.compile(self.model, backend="pjrt") if compiled else self.model
         # torch's recipe for compiling an optimizer step: the update becomes one traced region instead of foreach ops
         self.step = torch.compile(self.opt.step, backend="pjrt") if compiled_optimizer else self.opt.step
         self.loss = None
-        self.run(2)  # the first step makes the optimizer state; the second runs the steady-state program(s)
+        self.captured = self.xs.capture_step(self._train_step) if captured else None
+        # the first step makes the optimizer state; the second runs the steady-state program(s), which a captured
+        # step records on the third
+        self.run(3 if captured else 2)
+
+    def _train_step(self, ids: Any, labels: Any) -> Any:
+        loss = self.forward(input_ids=ids, labels=labels).loss
+        loss.backward()
+        self.step()
+        self.opt.zero_grad()
+        return loss.detach()
 
     def train_step(self) -> Any:
         """Forward, backward, the optimizer step and ``zero_grad``, before the sync; returns the loss."""
@@ -189,9 +204,12 @@ class TorchSide:
         for _ in range(steps):
             before = self.xs.metrics() if pjrt else None
             t0 = clock()
-            loss = self.train_step()
-            self.sync()
-            self.wait()
+            if self.captured is not None:  # syncs as its last step
+                loss = self.captured(self.ids, self.labels)
+            else:
+                loss = self.train_step()
+                self.sync()
+                self.wait()
             out["times"].append(clock() - t0)
             if pjrt:
                 after = self.xs.metrics()
@@ -219,6 +237,7 @@ class FunctionalSide(TorchSide):
         import torch
 
         self.kind, self.donate, self.xs, self.sync, self.wait = "pjrt", True, xs, xs.sync, (lambda: None)
+        self.captured = None
         shape, axes = MESHES[mesh_name]
         xs.set_plugin("cpu", options={"cpu_device_count": 8})
         mesh = xs.Mesh(range(8), shape, axes)
@@ -409,6 +428,8 @@ EAGER, COMPILED, XLA, TORCHAX = "ours eager", "ours torch.compile", "PyTorch/XLA
 TORCHAX_NO_DONATION = "torchax, no donation"
 COMPILED_NO_DONATION = "ours torch.compile, no donation"
 COMPILED_OPTIMIZER = "ours torch.compile + compiled AdamW"
+EAGER_CAPTURED, COMPILED_CAPTURED = "ours eager, captured", "ours torch.compile, captured"
+OURS = (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER, EAGER_CAPTURED, COMPILED_CAPTURED)
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -448,16 +469,18 @@ def compare(args: argparse.Namespace) -> None:
                                python=args.torchax_python, env=torchax_env())
                     workers.append(w)
                     sides[(TORCHAX_NO_DONATION, mesh)] = w
-            ours = [(EAGER, False, True, False), (COMPILED, True, True, False)]
+            ours = [(EAGER, False, True, False, False), (COMPILED, True, True, False, False)]
             if args.ours_without_donation:
-                ours.append((COMPILED_NO_DONATION, True, False, False))
+                ours.append((COMPILED_NO_DONATION, True, False, False, False))
             if args.compiled_optimizer:
-                ours.append((COMPILED_OPTIMIZER, True, True, True))
-            for name, compiled, donate, compiled_opt in ours:
+                ours.append((COMPILED_OPTIMIZER, True, True, True, False))
+            if args.captured:
+                ours += [(EAGER_CAPTURED, False, True, False, True), (COMPILED_CAPTURED, True, True, False, True)]
+            for name, compiled, donate, compiled_opt, captured in ours:
                 t0 = time.perf_counter()
                 known = _our_programs()
                 sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused, donate=donate,
-                                                compiled_optimizer=compiled_opt)
+                                                compiled_optimizer=compiled_opt, captured=captured)
                 new = [p for k, p in _our_programs().items() if k not in known]
                 hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
                 if args.dump_programs and compiled and donate and new:
@@ -480,8 +503,7 @@ def compare(args: argparse.Namespace) -> None:
             w.close()
 
     print()
-    names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER, XLA, TORCHAX, TORCHAX_NO_DONATION)
-             if any(k[0] == n for k in results)]
+    names = [n for n in (*OURS, XLA, TORCHAX, TORCHAX_NO_DONATION) if any(k[0] == n for k in results)]
     table = Table([("mesh", 10, ""), *((f"{n} ms", max(len(n) + 3, 9), ".1f") for n in names)])
     print("median step time")
     print(table.header())
@@ -491,7 +513,7 @@ def compare(args: argparse.Namespace) -> None:
     print()
     print("ratios (ours / side, same run)")
     peers = [n for n in (XLA, TORCHAX, TORCHAX_NO_DONATION) if n in names]
-    our_names = [n for n in (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER) if n in names]
+    our_names = [n for n in OURS if n in names]
     ratio_table = Table([("mesh", 10, ""), *((f"{o} / {p}", len(o) + len(p) + 3, ".2f")
                                               for o in our_names for p in peers)])
     print(ratio_table.header())
@@ -506,7 +528,7 @@ def compare(args: argparse.Namespace) -> None:
                          ("donated", 8, ".0f")])
     print(split_table.header())
     for (name, mesh), r in results.items():
-        if name not in (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER):
+        if name not in OURS:
             continue
         python = [t - e for t, e in zip(r["times"], r["execute"])]
         print(split_table.row(f"{name}, {mesh}", _ms(r["times"]), _ms(r["execute"]), _ms(python), _ms(r["key"]),
@@ -611,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compiled-optimizer", action="store_true",
                         help="add ours with the model and the optimizer step compiled (torch.compile(opt.step, "
                              "backend=\"pjrt\")), as torchax jits its whole step; with --phases: phase that one")
+    parser.add_argument("--captured", action="store_true",
+                        help="add ours eager and compiled with the whole step under xs.capture_step (recorded once, "
+                             "then replayed without its Python) and AdamW(capturable=True)")
     parser.add_argument("--phases", action="store_true",
                         help="only our compiled step: where its Python goes, phase by phase (forward, backward, "
                              "optimizer, the sync around the executable, the garbage collector)")

@@ -335,3 +335,53 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
     assert donated[-1] > 0, f"buffers donated per step: {donated}"
     assert programs[2:] == [1, 1], f"programs run per step: {programs}"
     assert uploaded[2:] == [0, 0], f"bytes uploaded per step: {uploaded}"
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_llama_replays_a_captured_training_step_like_the_traced_one(cpu8, compiled):
+    """``xs.capture_step`` around a whole Llama step (forward, backward, AdamW with ``capturable=True``, zero_grad):
+    once two calls agree, later calls replay the recorded program without tracing. The replayed loop gives the
+    traced loop's losses and weights bit for bit on new batches, and follows CPU eager."""
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    ref = CASES["llama"].build().train()
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    options = dict(lr=1e-2, weight_decay=0.01)
+
+    def make_step():
+        model = copy.deepcopy(ref).to("pjrt")
+        forward = torch.compile(model, backend="pjrt") if compiled else model
+        opt = torch.optim.AdamW(model.parameters(), capturable=True, **options)
+
+        def step(batch: Batch) -> torch.Tensor:
+            loss = forward(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        return model, step
+
+    traced_model, traced_step = make_step()
+    model, step = make_step()
+    captured = xs.capture_step(step)
+    opt_ref = torch.optim.AdamW(ref.parameters(), **options)
+    g = torch.Generator().manual_seed(1)
+    ops = []
+    for i in range(5):
+        batch = _tokens(g)
+        traced_loss = traced_step(_shard_batch(batch, mesh))
+        xs.sync()
+        before = xs.metrics().ops_recorded
+        loss = captured(_shard_batch(batch, mesh))
+        ops.append(xs.metrics().ops_recorded - before)
+        assert torch.equal(loss.cpu(), traced_loss.cpu()), f"step {i}"
+        loss_ref = ref(**batch).loss
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        assert_close(f"loss at step {i}", loss.cpu(), loss_ref.detach())
+    assert captured.replays == 2 and ops[3:] == [0, 0], f"ops traced per call: {ops}"
+    for (key, got), want in zip(model.state_dict().items(), traced_model.state_dict().values()):
+        assert torch.equal(got.cpu(), want.cpu()), key
+    assert xs.metrics().fallbacks == 0

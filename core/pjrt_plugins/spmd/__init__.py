@@ -67,6 +67,7 @@ from .sharding import OpSharding, Shard, ShardingType, parse_sharding, parse_tup
 
 if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy seam (it loads jaxlib)
     from .execution import clear_compile_cache, get_partitioner, set_cache_dir, set_partitioner
+    from .frontend._capture import CapturedStep, capture_step
     from .frontend._fallback import set_cpu_fallback
     from .trace import set_donation, sync
     from .dtensor import (
@@ -80,6 +81,7 @@ if TYPE_CHECKING:  # served by __getattr__ below, through the engine's one lazy 
     )
 
 __all__ = [
+    "CapturedStep",
     "EinsumLinear",
     "HybridMesh",
     "InputShardingError",
@@ -104,6 +106,7 @@ __all__ = [
     "apply_backward_optimization_barrier",
     "apply_xla_patch_to_nn_linear",
     "auto_policy",
+    "capture_step",
     "clear_compile_cache",
     "clear_sharding",
     "convert_to_dtensor_placements",
@@ -193,7 +196,8 @@ def virtual_device() -> VirtualDevice:
 #: Names the engine serves (through ``frontend._seam``, on first use, so that ``import pjrt_plugins.spmd``
 #: stays light: the engine loads jaxlib's MLIR bindings).
 _ENGINE_EXPORTS = frozenset({
-    "sync", "set_cpu_fallback", "set_donation", "set_cache_dir", "clear_compile_cache", "set_partitioner", "get_partitioner",
+    "sync", "capture_step", "CapturedStep", "set_cpu_fallback", "set_donation", "set_cache_dir", "clear_compile_cache",
+    "set_partitioner", "get_partitioner",
 })
 
 

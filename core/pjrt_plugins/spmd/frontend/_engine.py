@@ -22,13 +22,16 @@ from ..trace import (
     sync,
     wait_async_closures,
 )
+from ._capture import CapturedStep, capture_step
 from ._dispatch import dispatch, record_into, refresh_views
 from ._fallback import cpu_fallback_enabled, set_cpu_fallback
 from ._fused_optim import fused_step
 from .tensor import XLAShardedTensor
 
 __all__ = [
+    "CapturedStep",
     "add_step_closure",
+    "capture_step",
     "clear_compile_cache",
     "cpu_fallback_enabled",
     "dispatch",

@@ -34,10 +34,17 @@ from ._record import (
     record_values,
     register_tensor_type,
 )
+from ._replay import NotReplayable, Recording, ReplayMiss, record_call, replay, watch_call
 from ._state import ENGINE, EngineState
 from ._trace import LazyValue
 
 __all__ = [
+    "NotReplayable",
+    "Recording",
+    "ReplayMiss",
+    "record_call",
+    "replay",
+    "watch_call",
     "donation_enabled",
     "set_donation",
     "add_step_closure",

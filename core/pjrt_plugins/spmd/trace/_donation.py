@@ -17,7 +17,7 @@ from typing import Any
 from ..sharding import OpSharding
 from ._trace import Trace
 
-__all__ = ["ENV_VARIABLE", "donated_inputs", "donation_enabled", "set_donation"]
+__all__ = ["ENV_VARIABLE", "columns_unshared", "donated_inputs", "donation_enabled", "set_donation"]
 
 #: The environment variable that turns donation off (``0``) or on (``1``); on by default.
 ENV_VARIABLE = "PJRT_PLUGINS_DONATE"
@@ -98,6 +98,14 @@ def donated_inputs(trace: Trace, holders: dict[int, list[Any]], outputs: list[in
         pairs.append((k, j))
         taken.add(j)
     return tuple(pairs)
+
+
+def columns_unshared(columns: list[Any], positions: list[int]) -> bool:
+    """Whether each input column at ``positions`` (the buffer list of a live tensor, passed to a program as it is)
+    is held by that tensor and ``columns`` alone, and each of its buffers by the list alone: then the program may
+    write into their memory (a replayed step, ``_replay``; the tensor takes the output's buffers)."""
+    counts = _counts(columns)
+    return all(counts[k] <= _HELD_ONCE + 1 and all(n <= _HELD_ONCE for n in _counts(columns[k])) for k in positions)
 
 
 def _counts(items: list[Any]) -> list[int]:

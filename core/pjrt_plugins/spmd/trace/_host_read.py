@@ -44,9 +44,11 @@ def read_on_host(data: TensorData) -> bool:
         values = replay(trace, order)
         if values is None:
             return False
+        inputs = sum(1 for i in order if trace.entries[i][0] == INPUT)
+        if inputs:  # a value of the trace's ops alone (an arange's) is the same whenever they are (_replay)
+            ENGINE.host_reads += 1
         data.set_host(values[value.index])  # a copy: the value may share memory with the inputs' host copies
-        logger.debug("read a pending %s%s on the host from %d device values", data.dtype, list(data.shape),
-                     sum(1 for i in order if trace.entries[i][0] == INPUT))
+        logger.debug("read a pending %s%s on the host from %d device values", data.dtype, list(data.shape), inputs)
         return True
 
 

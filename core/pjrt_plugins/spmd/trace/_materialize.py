@@ -10,7 +10,7 @@ import logging
 import operator
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -38,7 +38,8 @@ from ._trace import GETITEM, INPUT, LazyValue, Trace
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_graph", "last_run_timings", "live_outputs", "materialize", "output_pins", "sync"]
+__all__ = ["RunRecord", "build_graph", "last_run_timings", "live_outputs", "materialize", "output_pins",
+           "program_for_run", "realign_inputs", "run_whole", "store_results", "sync"]
 
 _LAZY = TensorState.LAZY
 _FITS_KEPT = 4096  # keys whose donation fits are remembered (ENGINE.programs.donation_fits)
@@ -110,16 +111,22 @@ def _run_part(trace: Trace, wanted: list[int]) -> bool:
     return True
 
 
-def _run(trace: Trace) -> None:
+def _run(trace: Trace) -> RunRecord | None:
     if ENGINE.trace is trace:
         ENGINE.trace = None  # ops recorded from here on go to a new trace
     trace.done = True
     count("ops_recorded", trace.ops)
     try:
-        _execute(trace)
+        return _execute(trace)
     except BaseException as exc:
         trace.error = exc
         raise
+
+
+def run_whole(trace: Trace) -> RunRecord | None:
+    """Run all of the pending ``trace``, as ``sync`` does, and say how it ran (``_replay`` records that)."""
+    with ENGINE.lock:
+        return _run(trace)
 
 
 def _scalar_buffers(values: list[float], vd: VirtualDevice) -> list[Any]:
@@ -216,7 +223,7 @@ def output_pins(trace: Trace, holders: dict[int, list[TensorData]], outputs: lis
     return pins
 
 
-def _realign_inputs(program: CompiledProgram, trace: Trace, columns: list[Any], vd: VirtualDevice) -> None:
+def realign_inputs(program: CompiledProgram, trace: Trace, columns: list[Any], vd: VirtualDevice) -> None:
     """Lay out again the inputs the compiled program wants in another sharding than the one they have
     (positions kept per program key in ``ENGINE.realign_positions``: usually none)."""
     positions = ENGINE.realign_positions.get(program.key)
@@ -240,11 +247,23 @@ def last_run_timings() -> dict[str, float]:
     return dict(ENGINE.last_timings)
 
 
-def _execute(trace: Trace) -> None:
+class RunRecord(NamedTuple):
+    """How a trace ran: its live outputs and their holders, sharding pins, program key (without the donation
+    part), donated ``(input, output)`` pairs and program."""
+
+    outputs: list[int]
+    holders: dict[int, list[TensorData]]
+    pins: dict[int, OpSharding]
+    base: tuple
+    donated: tuple[tuple[int, int], ...]
+    program: CompiledProgram
+
+
+def _execute(trace: Trace) -> RunRecord | None:
     t0 = time.perf_counter()
     holders = live_outputs(trace)
     if not holders:
-        return
+        return None
     outputs = sorted(holders)
     pins = output_pins(trace, holders, outputs)
     vd = virtual_device()
@@ -270,42 +289,56 @@ def _execute(trace: Trace) -> None:
                 fits.clear()
             known = fits[base] = {}
         donated = donated_inputs(trace, holders, outputs, pins, columns, known)
+    program, donated = program_for_run(trace, base, outputs, pins, donated, vd, options)
+    realign_inputs(program, trace, columns, vd)
+    t1 = time.perf_counter()
+    results = execute_program(program, columns, vd)
+    t2 = time.perf_counter()
+    spent: list[Any] = []
+    for k, _ in donated:  # the plugin owns those buffers' memory now: drop them unread
+        spent += columns[k]
+        trace.inputs[k].buffers = []
+    store_results(trace, program, outputs, [holders[index] for index in outputs], results, vd, spent)
+    ENGINE.last_timings.update(key=t1 - t0, execute=t2 - t1, after=time.perf_counter() - t2)
+    logger.debug("ran %d ops with %d inputs and %d outputs", trace.ops, len(columns), len(outputs))
+    return RunRecord(outputs, holders, pins, base, donated, program)
+
+
+def program_for_run(trace: Trace, base: tuple, outputs: list[int], pins: dict[int, OpSharding],
+                    donated: tuple[tuple[int, int], ...], vd: VirtualDevice, options: Any,
+                    ) -> tuple[CompiledProgram, tuple[tuple[int, int], ...]]:
+    """The program of ``trace`` under key ``base`` with the ``donated`` aliases, and the aliases it got: none when
+    XLA refuses them (the refusal is remembered per key)."""
     try:
-        program = program_for((*base, donated), lambda: build_graph(trace, outputs, pins, donated), vd, options)
+        return program_for((*base, donated), lambda: build_graph(trace, outputs, pins, donated), vd, options), donated
     except PjrtError as exc:
         if not donated or "alias" not in str(exc):
             raise
         # XLA gave an output another layout than its donated input has (it may change the layouts of outputs):
         # this program runs without donation from now on.
         logger.info("a program cannot donate its inputs (%s); it runs without donation", exc)
-        refused.add(base)
-        donated = ()
-        program = program_for((*base, donated), lambda: build_graph(trace, outputs, pins), vd, options)
-    _realign_inputs(program, trace, columns, vd)
-    t1 = time.perf_counter()
-    results = execute_program(program, columns, vd)
-    t2 = time.perf_counter()
-    spent: list[Any] = []
-    if donated:  # the plugin owns those buffers' memory now: drop them unread
-        for k, _ in donated:
-            spent += columns[k]
-            trace.inputs[k].buffers = []
-        count("donated_buffers", len(spent))
+        ENGINE.programs.donation_refused.add(base)
+        return program_for((*base, ()), lambda: build_graph(trace, outputs, pins), vd, options), ()
+
+
+def store_results(trace: Trace, program: CompiledProgram, outputs: list[int], holders: list[list[TensorData]],
+                  results: list[list[Any]], vd: VirtualDevice, spent: list[Any]) -> None:
+    """Give output ``j``'s buffers to each TensorData of ``holders[j]``, then free the ``spent`` (donated) input
+    buffers, which nothing else holds (``_donation``): in one call, not one finalizer each."""
     generation = vd.generation
-    single = options.num_partitions == 1
+    single = program.lowered.num_partitions == 1
     for j, index in enumerate(outputs):
         spec = program.output_shardings[j]
         if single and is_region_value(trace, index):  # XLA reports one partition's outputs all replicated
             spec = OpSharding.manual()
         buffers = results[j]
-        for data in holders[index]:
+        for data in holders[j]:
             data.set_device(buffers, spec, generation)
             if data.annotation is None:
                 data.annotation = spec
-    if spent:  # nothing else holds them (_donation): their handles go in one call, not one finalizer each
+    if spent:
+        count("donated_buffers", len(spent))
         try:
             vd.client.delete_buffers(spent)
         except PjrtError as exc:  # the plugin failed to free a handle it had already given to the output
             logger.warning("freeing the donated input buffers failed: %s", exc)
-    ENGINE.last_timings.update(key=t1 - t0, execute=t2 - t1, after=time.perf_counter() - t2)
-    logger.debug("ran %d ops with %d inputs and %d outputs", trace.ops, len(columns), len(outputs))

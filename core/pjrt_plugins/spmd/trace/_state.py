@@ -35,17 +35,19 @@ class EngineState:
     - ``last_scalars``: the last run-time scalars and their buffers (reused while they do not change).
     - ``realign_positions``: per program key, the inputs its executable wants laid out otherwise.
     - ``last_timings``: where the last materialization's time went.
+    - ``host_reads``: how many pending values that read device data were read on the host without a program.
     - ``programs``: the execution layer's compile cache.
     """
 
     __slots__ = ("lock", "trace", "root", "steps", "op_infos", "ops_by_id", "spec_tokens",
                  "spec_tokens_by_id", "meta_cache", "decomposition_specs", "last_scalars", "realign_positions",
-                 "last_timings", "programs")
+                 "last_timings", "host_reads", "programs")
 
     def __init__(self, programs: ProgramCache) -> None:
         self.lock = threading.RLock()
         self.programs = programs
         self.trace: Trace | None = None
+        self.host_reads = 0
         self._forget()
 
     def _forget(self) -> None:

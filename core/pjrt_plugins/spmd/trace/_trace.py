@@ -61,11 +61,12 @@ class TraceInput:
     """A graph input: the device buffers its entry stands for, fixed at record time, and their value on the host
     once a host computation gathered it (``host``; ``_host_compute``: a value read every step is gathered once)."""
 
-    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh", "data_id", "host")
+    __slots__ = ("buffers", "generation", "sharding", "shape", "dtype", "mesh", "data_id", "source", "host")
 
     def __init__(self, data: TensorData) -> None:
         assert data.buffers is not None and data.sharding is not None
         self.data_id = data.id  # which tensor data it was read from (see _donation)
+        self.source = weakref.ref(data)  # and that data itself, where a replayed step reads it again (_replay)
         self.buffers = data.buffers  # never changed in place: a state change replaces the list
         self.generation = data.generation
         self.sharding = data.sharding

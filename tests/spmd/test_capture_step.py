@@ -1,0 +1,280 @@
+"""``xs.capture_step``: a training step traced until two calls in a row agree, then replayed without its Python.
+
+Runs on the 8-device CPU plugin. The reference is the same loop traced every step (``xs.sync()`` per step), which the
+replayed loop must match bit for bit (the same programs run on the same values), and CPU torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pjrt_plugins.spmd as xs
+from pjrt_plugins.spmd.frontend._capture import MAX_TRACED_CALLS
+
+from _exec_support import engine  # noqa: F401
+
+
+def _model(dropout: float = 0.0) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 8))
+
+
+def _batches(n: int, rows: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 8, generator=g)) for _ in range(n)]
+
+
+def _setup(model: nn.Module, capturable: bool = True, compiled: bool = False):
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    model = copy.deepcopy(model).to("pjrt")
+    xs.mark_sharding(model[0].weight, mesh, ("model", None))
+    xs.mark_sharding(model[3].weight, mesh, (None, "model"))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, capturable=capturable)
+    forward = torch.compile(model, backend="pjrt") if compiled else model
+
+    def step(x, y):
+        loss = F.mse_loss(forward(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return mesh, model, step
+
+
+def _on_devices(batches, mesh):
+    out = []
+    for x, y in batches:
+        x, y = x.to("pjrt"), y.to("pjrt")
+        xs.mark_sharding(x, mesh, ("data", None))
+        xs.mark_sharding(y, mesh, ("data", None))
+        out.append((x, y))
+    return out
+
+
+def _traced_run(model, batches, **kw):
+    """The reference: the same step traced every call."""
+    mesh, model, step = _setup(model, **kw)
+    losses = []
+    for x, y in _on_devices(batches, mesh):
+        losses.append(step(x, y))
+        xs.sync()
+    return [l.cpu() for l in losses], [p.detach().cpu() for p in model.parameters()]
+
+
+def _captured_run(model, batches, **kw):
+    mesh, model, step = _setup(model, **kw)
+    captured = xs.capture_step(step)
+    losses, ops, compiles = [], [], []
+    for x, y in _on_devices(batches, mesh):
+        before = xs.metrics()
+        losses.append(captured(x, y))
+        after = xs.metrics()
+        ops.append(after.ops_recorded - before.ops_recorded)
+        compiles.append(after.compiles - before.compiles)
+    params = [p.detach().cpu() for p in model.parameters()]
+    return [l.cpu() for l in losses], params, captured, ops, compiles
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_replayed_training_loop_equals_the_traced_one(engine, compiled):
+    model, batches = _model(), _batches(6)
+    ref_losses, ref_params = _traced_run(model, batches, compiled=compiled)
+    losses, params, captured, ops, compiles = _captured_run(model, batches, compiled=compiled)
+    # The first call makes AdamW's state, calls 2 and 3 agree: call 3 is recorded, 4 to 6 replay it.
+    assert captured.traced_calls == 3 and captured.replays == 3
+    assert ops[3:] == [0, 0, 0] and compiles[3:] == [0, 0, 0]
+    for a, b in zip(losses + params, ref_losses + ref_params):
+        assert torch.equal(a, b)
+    # Each batch was read: the losses differ from step to step, and CPU torch agrees.
+    cpu = _model()
+    opt = torch.optim.AdamW(cpu.parameters(), lr=0.01)
+    for (x, y), loss in zip(batches, losses):
+        expected = F.mse_loss(cpu(x), y)
+        expected.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_replays_donate_the_updated_state(engine):
+    model, batches = _model(), _batches(5)
+    mesh, model, step = _setup(model)
+    captured = xs.capture_step(step)
+    data = _on_devices(batches, mesh)
+    for x, y in data[:3]:
+        captured(x, y)
+    before = xs.metrics().donated_buffers
+    captured(*data[3])
+    # 4 parameters with 2 AdamW moments and a step count each, on 8 devices.
+    assert xs.metrics().donated_buffers - before >= 4 * 4 * 8
+    # A name still holding a parameter's buffers keeps them from being donated: the replay runs undonated.
+    held = list(model[0].weight._pjrt_data.buffers)
+    before = xs.metrics().donated_buffers
+    captured(*data[4])
+    assert xs.metrics().donated_buffers == before
+    assert not any(b.is_deleted for b in held)  # still readable
+    assert captured.replays == 2
+
+
+def test_random_ops_draw_new_keys_on_every_replay(engine):
+    model, batches = _model(dropout=0.5), _batches(6)
+    torch.manual_seed(3)
+    ref_losses, ref_params = _traced_run(model, batches)
+    torch.manual_seed(3)
+    losses, params, captured, _, _ = _captured_run(model, batches)
+    assert captured.replays == 3
+    for a, b in zip(losses + params, ref_losses + ref_params):
+        assert torch.equal(a, b)
+
+
+def test_python_numbers_that_change_every_call_keep_the_step_traced(engine):
+    """AdamW without ``capturable`` computes its bias corrections in Python from a CPU step count: they change
+    every call, so no two calls agree and the step is never replayed, with a warning saying why."""
+    model, batches = _model(), _batches(MAX_TRACED_CALLS + 2)
+    ref_losses, ref_params = _traced_run(model, batches, capturable=False)
+    with pytest.warns(RuntimeWarning, match="differed between each two"):
+        losses, params, captured, _, _ = _captured_run(model, batches, capturable=False)
+    assert captured.replays == 0 and captured.traced_calls == len(batches)
+    for a, b in zip(losses + params, ref_losses + ref_params):
+        assert torch.equal(a, b)
+
+
+def test_a_host_read_inside_the_step_keeps_it_traced(engine):
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    w = torch.ones(8, device="pjrt")
+
+    def step(x):
+        w.add_(x)
+        if w.sum().item() > 100:  # a branch on a device value: its Python depends on the values
+            w.zero_()
+        return w * 2
+
+    captured = xs.capture_step(step)
+    x = torch.full((8,), 10.0).to("pjrt")
+    xs.mark_sharding(x, mesh, ("data",))
+    with pytest.warns(RuntimeWarning, match="host"):
+        outs = [captured(x).cpu() for _ in range(4)]
+    assert captured.replays == 0
+    assert [o[0].item() for o in outs] == [22.0, 0.0, 20.0, 0.0]  # 8 x 11 <= 100 < 8 x 21
+
+
+def test_a_new_shape_records_again_and_replays_stay_correct(engine):
+    model = _model()
+    small, large = _batches(4, rows=16), _batches(4, rows=32)
+    mesh, pmodel, step = _setup(model)
+    captured = xs.capture_step(step)
+    ref_mesh, ref_model, ref_step = _setup(model)
+    order = [small[0], small[1], small[2], large[0], large[1], large[2], small[3], large[3]]
+    for (x, y), (rx, ry) in zip(_on_devices(order, mesh), _on_devices(order, ref_mesh)):
+        a = captured(x, y)
+        b = ref_step(rx, ry)
+        xs.sync()
+        assert torch.equal(a.cpu(), b.cpu())
+    assert captured.replays == 3  # large[2] (large[0] and [1] agreed), small[3] and large[3]
+    for p, q in zip(pmodel.parameters(), ref_model.parameters()):
+        assert torch.equal(p.detach().cpu(), q.detach().cpu())
+
+
+def test_results_keep_their_structure_and_constants(engine):
+    state = torch.zeros(4, device="pjrt")
+
+    def step(x):
+        state.add_(x)
+        return {"double": state * 2, "names": ("a", 1), "same": state.sum()}
+
+    captured = xs.capture_step(step)
+    x = torch.ones(4).to("pjrt")
+    outs = [captured(x) for _ in range(5)]
+    assert captured.replays >= 2
+    assert [o["double"].cpu().tolist() for o in outs] == [[2.0 * k] * 4 for k in range(1, 6)]
+    assert [o["same"].item() for o in outs] == [4.0 * k for k in range(1, 6)]
+    assert all(o["names"] == ("a", 1) for o in outs)
+    assert not outs[-1]["double"].requires_grad
+    assert state.cpu().tolist() == [5.0] * 4
+
+
+def test_bad_arguments_say_what_to_pass(engine):
+    captured = xs.capture_step(lambda x: x * 2)
+    with pytest.raises(TypeError, match=r"pjrt tensors or constants.*\.to\('pjrt'\)"):
+        captured(torch.ones(2))
+    with pytest.raises(ValueError, match="must not require grad"):
+        captured(torch.ones(2, device="pjrt", requires_grad=True))
+    with pytest.raises(TypeError, match="hashable constants"):
+        captured(torch.ones(2, device="pjrt"), {1, 2})
+    with pytest.raises(TypeError, match="needs a function"):
+        xs.capture_step(3)
+
+
+def test_returning_an_argument_is_never_replayed(engine):
+    def step(x):
+        x.mul_(2)
+        return x
+
+    captured = xs.capture_step(step)
+    x = torch.ones(3).to("pjrt")
+    with pytest.warns(RuntimeWarning, match="returned tensor 0 is an argument"):
+        for _ in range(3):
+            out = captured(x)
+    assert out is x and x.cpu().tolist() == [8.0] * 3
+    assert captured.replays == 0
+
+
+def test_recapture_takes_a_changed_python_number(engine):
+    scale = [2.0]
+    acc = torch.zeros(2, device="pjrt")
+
+    def step(x):
+        acc.add_(x * scale[0])
+        return acc.sum()
+
+    captured = xs.capture_step(step)
+    x = torch.ones(2).to("pjrt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(5):  # call 1 reads the zeros' recipe, calls 2 and 3 read acc: 4 and 5 replay
+            captured(x)
+    assert captured.replays == 2 and acc.cpu().tolist() == [10.0, 10.0]
+    scale[0] = 10.0
+    captured.recapture()
+    captured(x)
+    assert acc.cpu().tolist() == [20.0, 20.0]
+
+
+def test_weights_loaded_in_place_between_replays_are_read(engine):
+    model, batches = _model(), _batches(4)
+    mesh, pmodel, step = _setup(model)
+    captured = xs.capture_step(step)
+    data = _on_devices(batches, mesh)
+    first = captured(*data[0])
+    for x, y in data[1:]:
+        captured(x, y)
+    assert captured.replays == 1
+    pmodel.load_state_dict(model.state_dict())  # copies the CPU weights into the same tensors
+    again = captured(*data[0])
+    assert captured.replays == 2  # replayed, on the loaded weights: the first call's loss again
+    torch.testing.assert_close(again.cpu(), first.cpu(), rtol=1e-6, atol=1e-7)
+
+
+def test_one_tensor_passed_twice_is_not_replayed_for_two(engine):
+    acc = torch.zeros(3, device="pjrt")
+
+    def step(a, b):
+        acc.add_(a + 2 * b)
+        return acc.sum()
+
+    captured = xs.capture_step(step)
+    x = torch.ones(3).to("pjrt")
+    for _ in range(4):
+        captured(x, x)  # records a step whose two arguments are one input
+    assert captured.replays == 1
+    y = torch.full((3,), 10.0).to("pjrt")
+    acc.zero_()
+    captured(x, y)
+    assert acc.cpu().tolist() == [21.0] * 3
