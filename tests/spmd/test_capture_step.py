@@ -278,3 +278,49 @@ def test_one_tensor_passed_twice_is_not_replayed_for_two(engine):
     acc.zero_()
     captured(x, y)
     assert acc.cpu().tolist() == [21.0] * 3
+
+
+def _scheduled_run(model, batches, lr, captured: bool):
+    """A loop whose learning rate halves every other step (set between calls, as a scheduler does)."""
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    model = copy.deepcopy(model).to("pjrt")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+    def step(x, y):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    run = xs.capture_step(step) if captured else step
+    losses = []
+    for x, y in _on_devices(batches, mesh):
+        losses.append(run(x, y).cpu())
+        xs.sync()
+        scheduler.step()
+    return losses, [p.detach().cpu() for p in model.parameters()], run
+
+
+def test_a_learning_rate_changed_between_calls_is_not_replayed_stale(engine):
+    """A Python learning rate is a number in the recorded program: once a scheduler changes it, the step records
+    again instead of replaying the old rate."""
+    model, batches = _model(), _batches(10)
+    ref_losses, ref_params, _ = _scheduled_run(model, batches, 0.01, captured=False)
+    losses, params, captured = _scheduled_run(model, batches, 0.01, captured=True)
+    for a, b in zip(losses + params, ref_losses + ref_params):
+        assert torch.equal(a, b)
+    assert captured.replays == 0  # the rate changes every second call: two calls in a row never agree
+
+
+def test_a_learning_rate_tensor_on_the_device_is_read_at_every_replay(engine):
+    """With the rate in a pjrt tensor, the scheduler writes it in place and every replay reads it."""
+    model, batches = _model(), _batches(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's note on tensor learning rates
+        ref_losses, ref_params, _ = _scheduled_run(model, batches, torch.tensor(0.01, device="pjrt"), captured=False)
+        losses, params, captured = _scheduled_run(model, batches, torch.tensor(0.01, device="pjrt"), captured=True)
+    assert captured.replays == 5
+    for a, b in zip(losses + params, ref_losses + ref_params):
+        assert torch.equal(a, b)

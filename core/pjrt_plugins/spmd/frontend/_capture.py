@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import numbers
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils import _pytree as pytree
 
 from ..trace import NotReplayable, Recording, ReplayMiss, record_call, replay, sync, watch_call
@@ -33,7 +36,7 @@ MAX_TRACED_CALLS = 8
 class _Entry:
     """What one argument signature has reached: the last traced call's recording, and the replayable one."""
 
-    __slots__ = ("last", "ready", "traced", "outputs")
+    __slots__ = ("last", "ready", "traced", "outputs", "optimizers")
 
     def __init__(self) -> None:
         self.last: Recording | None = None
@@ -41,6 +44,8 @@ class _Entry:
         self.traced = 0
         #: The recorded call's output structure, and per leaf the index of its result or ``("constant", value)``.
         self.outputs: Any = None
+        #: The optimizers the recorded call stepped, with their hyperparameters then (checked before each replay).
+        self.optimizers: tuple[tuple[weakref.ref[torch.optim.Optimizer], tuple], ...] = ()
 
 
 class CapturedStep:
@@ -64,6 +69,7 @@ class CapturedStep:
             entry = self._entries[key] = _Entry()
         if entry.ready is not None:
             try:
+                _check_optimizers(entry.optimizers)
                 made = replay(entry.ready, datas)
             except ReplayMiss as miss:
                 logger.info("capture_step %s traces again: %s", _name(self.fn), miss)
@@ -80,7 +86,13 @@ class CapturedStep:
 
     def _traced(self, entry: _Entry, args: tuple, kwargs: dict, datas: list[TensorData | None]) -> Any:
         watch = watch_call()
-        out = self.fn(*args, **kwargs)
+        stepped: list[torch.optim.Optimizer] = []
+        hook = register_optimizer_step_pre_hook(lambda optimizer, *_: stepped.append(optimizer))
+        try:
+            out = self.fn(*args, **kwargs)
+        finally:
+            hook.remove()
+        optimizers = tuple((weakref.ref(o), _hyperparameters(o)) for o in dict.fromkeys(stepped))
         self.traced_calls += 1
         entry.traced += 1
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -106,8 +118,9 @@ class CapturedStep:
             self._give_up(entry, str(why))
             return out
         outputs = (out_spec, tuple(kinds))
-        same = entry.last is not None and entry.last.signature == recording.signature and entry.outputs == outputs
-        entry.last, entry.outputs = recording, outputs
+        same = (entry.last is not None and entry.last.signature == recording.signature and entry.outputs == outputs
+                and _same_optimizers(entry.optimizers, optimizers))
+        entry.last, entry.outputs, entry.optimizers = recording, outputs, optimizers
         if same:
             entry.ready = recording
             logger.info("capture_step %s: recorded after %d traced calls; later calls replay its program",
@@ -136,9 +149,10 @@ def capture_step(fn: Callable[..., Any]) -> CapturedStep:
     tensors it updates. Every call ends with what :func:`sync` does. Tensors ``fn`` returns are new tensors each
     call (without autograd history); other returned values are those of the recorded call.
 
-    As with ``torch.cuda.graphs``, what ``fn``'s Python decides is decided once: a Python number it reads (a
-    learning rate a scheduler changes, a step counter) keeps its recorded value (``AdamW(capturable=True)``
-    keeps its step count on the device; call :meth:`CapturedStep.recapture` after changing a Python value).
+    As with ``torch.cuda.graphs``, what ``fn``'s Python decides is decided once: a Python number it reads keeps
+    its recorded value (``AdamW(capturable=True)`` keeps its step count on the device). The hyperparameters of
+    the optimizers ``fn`` steps are checked before each replay (a scheduler's new ``lr`` records the step
+    again); after changing any other Python value ``fn`` reads, call :meth:`CapturedStep.recapture`.
     A step that reads a device value on the host, runs an op on the CPU fallback, or moves host data to the
     devices is never replayed: it is traced every call, with a warning saying why. Arguments are pjrt tensors
     (in any pytree) and hashable constants; a new shape, dtype, layout or constant records the step again.
@@ -186,6 +200,37 @@ def _argument_key(spec: Any, leaves: list[Any]) -> tuple[Any, list[TensorData | 
                                 f"{type(leaf).__name__}") from None
             parts.append(("constant", type(leaf), leaf))
     return tuple(parts), datas
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> tuple:
+    """The Python values of ``optimizer``'s parameter groups (lr, betas, weight decay, ...): what a scheduler
+    changes between steps, and what a recorded step's program holds as numbers."""
+    groups = []
+    for group in optimizer.param_groups:
+        values = []
+        for name, value in sorted(group.items()):
+            if isinstance(value, torch.Tensor):
+                if value.device.type != "cpu" or value.dim() != 0:
+                    continue  # a device tensor is an input of the program, read at every replay
+                value = value.item()
+            if isinstance(value, (numbers.Number, str, bool, type(None), tuple)):
+                values.append((name, value))
+        groups.append(tuple(values))
+    return tuple(groups)
+
+
+def _same_optimizers(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x[0]() is y[0]() and x[1] == y[1] for x, y in zip(a, b))
+
+
+def _check_optimizers(optimizers: tuple) -> None:
+    """Refuse a replay once an optimizer the step uses changed a hyperparameter (a scheduler's new lr)."""
+    for ref, recorded in optimizers:
+        optimizer = ref()
+        if optimizer is None:
+            raise ReplayMiss("an optimizer the recorded step used was freed")
+        if _hyperparameters(optimizer) != recorded:
+            raise ReplayMiss(f"a hyperparameter of {type(optimizer).__name__} changed since the step was recorded")
 
 
 def _results(entry: _Entry, made: list[TensorData | None]) -> Any:
