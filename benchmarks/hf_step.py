@@ -40,13 +40,15 @@ step.
 ``--captured`` adds ours eager and compiled with the whole step (forward, backward, AdamW with ``capturable=True``,
 ``zero_grad``) under ``xs.capture_step``: traced until two calls agree, then replayed without its Python, as torchax
 runs one jitted function per step. They warm up with one step more than the other sides (the first makes AdamW's
-state, the next two must agree to be recorded), so their last loss is one step further.
+state, the next two must agree to be recorded), so their last loss is one step further. ``--captured-only`` runs only
+the compiled one of ours: every program in a process holding several of our sides' models and optimizer state runs a
+few percent slower (``hf_step_executables.py``), so with one mesh it gives ours a process of its own, as each peer has.
 ``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
 ``zero_grad``, the sync around the executable, the garbage collector's time).
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
      [--meshes data,megatron] [--fused] [--torchax-without-donation] [--ours-without-donation]
-     [--dump-programs DIR] [--compiled-optimizer] [--captured] [--phases]
+     [--dump-programs DIR] [--compiled-optimizer] [--captured] [--captured-only] [--phases]
 """
 
 from __future__ import annotations
@@ -174,21 +176,17 @@ class TorchSide:
         # torch's recipe for compiling an optimizer step: the update becomes one traced region instead of foreach ops
         self.step = torch.compile(self.opt.step, backend="pjrt") if compiled_optimizer else self.opt.step
         self.loss = None
-        self.captured = self.xs.capture_step(self._train_step) if captured else None
+        self.captured = self.xs.capture_step(self._detached_step) if captured else None
         # the first step makes the optimizer state; the second runs the steady-state program(s), which a captured
         # step records on the third
         self.run(3 if captured else 2)
 
-    def _train_step(self, ids: Any, labels: Any) -> Any:
-        loss = self.forward(input_ids=ids, labels=labels).loss
-        loss.backward()
-        self.step()
-        self.opt.zero_grad()
-        return loss.detach()
+    def _detached_step(self, ids: Any, labels: Any) -> Any:
+        return self.train_step(ids, labels).detach()  # a captured step returns no autograd history
 
-    def train_step(self) -> Any:
+    def train_step(self, ids: Any, labels: Any) -> Any:
         """Forward, backward, the optimizer step and ``zero_grad``, before the sync; returns the loss."""
-        loss = self.forward(input_ids=self.ids, labels=self.labels).loss
+        loss = self.forward(input_ids=ids, labels=labels).loss
         loss.backward()
         self.step()
         self.opt.zero_grad()
@@ -207,7 +205,7 @@ class TorchSide:
             if self.captured is not None:  # syncs as its last step
                 loss = self.captured(self.ids, self.labels)
             else:
-                loss = self.train_step()
+                loss = self.train_step(self.ids, self.labels)
                 self.sync()
                 self.wait()
             out["times"].append(clock() - t0)
@@ -263,11 +261,11 @@ class FunctionalSide(TorchSide):
         return torch.func.functional_call(self.model, {**weights, **self.buffers}, (),
                                           {"input_ids": ids, "labels": labels}).loss
 
-    def train_step(self) -> Any:
+    def train_step(self, ids: Any, labels: Any) -> Any:
         """Gradients and the AdamW update of :func:`torchax_worker`, in place; returns the loss."""
         import torch
 
-        grads, loss = torch.func.grad_and_value(self._loss)(self.p, self.ids, self.labels)
+        grads, loss = torch.func.grad_and_value(self._loss)(self.p, ids, labels)
         t = self.t + 1
         b1, b2 = BETAS
         for k, w in self.p.items():
@@ -476,6 +474,8 @@ def compare(args: argparse.Namespace) -> None:
                 ours.append((COMPILED_OPTIMIZER, True, True, True, False))
             if args.captured:
                 ours += [(EAGER_CAPTURED, False, True, False, True), (COMPILED_CAPTURED, True, True, False, True)]
+            if args.captured_only:  # one side of ours in this process (the state of the others slows programs)
+                ours = [(COMPILED_CAPTURED, True, True, False, True)]
             for name, compiled, donate, compiled_opt, captured in ours:
                 t0 = time.perf_counter()
                 known = _our_programs()
@@ -636,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captured", action="store_true",
                         help="add ours eager and compiled with the whole step under xs.capture_step (recorded once, "
                              "then replayed without its Python) and AdamW(capturable=True)")
+    parser.add_argument("--captured-only", action="store_true",
+                        help="of ours, run only the compiled step under xs.capture_step (with --meshes data or "
+                             "megatron: one side of ours per process, as each peer runs in its own)")
     parser.add_argument("--phases", action="store_true",
                         help="only our compiled step: where its Python goes, phase by phase (forward, backward, "
                              "optimizer, the sync around the executable, the garbage collector)")

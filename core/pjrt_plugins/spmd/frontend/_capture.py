@@ -79,6 +79,10 @@ class CapturedStep:
                 return _results(entry, made)
         return self._traced(entry, args, kwargs, datas)
 
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """As a method decorator: the instance is passed as a constant argument (one recording per instance)."""
+        return self if instance is None else functools.partial(self, instance)
+
     def recapture(self) -> None:
         """Forget the recorded calls: the next calls trace ``fn`` again (after changing what it reads in Python,
         such as a learning rate kept as a Python number)."""
@@ -126,7 +130,7 @@ class CapturedStep:
             logger.info("capture_step %s: recorded after %d traced calls; later calls replay its program",
                         _name(self.fn), entry.traced)
         elif entry.traced >= MAX_TRACED_CALLS:
-            self._give_up(entry, f"its trace differed between each two of its first {entry.traced} calls (a Python "
+            self._give_up(entry, f"no two calls in a row of its first {MAX_TRACED_CALLS} traced the same (a Python "
                                  "number or the sequence of ops changes from call to call)")
         return out
 
