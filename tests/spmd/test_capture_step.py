@@ -342,3 +342,19 @@ def test_a_captured_method_records_one_step_per_instance(engine):
     sums = [(a.add(x).item(), b.add(x).item()) for _ in range(5)]
     assert sums == [(2.0 * k, 200.0 + 2.0 * k) for k in range(1, 6)]
     assert Counter.add.replays == 6  # calls 1 and 2 of each instance agree: 3 to 5 replay
+
+
+def test_a_python_argument_that_changes_every_call_is_not_kept_forever(engine):
+    acc = torch.zeros(2, device="pjrt")
+
+    def step(x, number):
+        acc.add_(x * number)
+        return acc.sum()
+
+    captured = xs.capture_step(step)
+    x = torch.ones(2).to("pjrt")
+    with pytest.warns(RuntimeWarning, match="more than 32 argument signatures"):
+        for n in range(40):
+            captured(x, n)
+    assert len(captured._entries) <= 32 and captured.replays == 0
+    assert acc.cpu().tolist() == [float(sum(range(40)))] * 2

@@ -31,6 +31,9 @@ __all__ = ["CapturedStep", "capture_step"]
 
 #: Calls traced without two in a row agreeing before the step is given up as one that changes every call.
 MAX_TRACED_CALLS = 8
+#: Argument signatures kept per captured step; past it they are forgotten (a Python argument that changes every
+#: call, such as a step number, makes a new signature each call, which nothing replays).
+MAX_SIGNATURES = 32
 
 
 class _Entry:
@@ -66,6 +69,11 @@ class CapturedStep:
         key, datas = _argument_key(spec, leaves)
         entry = self._entries.get(key)
         if entry is None:
+            if len(self._entries) >= MAX_SIGNATURES:
+                self._entries.clear()
+                self._warn(f"it was called with more than {MAX_SIGNATURES} argument signatures (shapes, dtypes, "
+                           "layouts, constants); a Python argument that changes every call (a step number) is "
+                           "recorded anew each call: pass it as a pjrt tensor, or leave it out")
             entry = self._entries[key] = _Entry()
         if entry.ready is not None:
             try:
@@ -137,10 +145,13 @@ class CapturedStep:
     def _give_up(self, entry: _Entry, reason: str) -> None:
         """Keep tracing every call (always correct), and say why once per reason."""
         entry.last = None
+        self._warn(reason, stacklevel=5)
+
+    def _warn(self, reason: str, stacklevel: int = 3) -> None:
         if reason not in self._warned:
             self._warned.add(reason)
             warnings.warn(f"capture_step({_name(self.fn)}) cannot replay this step, so it traces every call: "
-                          f"{reason}", RuntimeWarning, stacklevel=4)
+                          f"{reason}", RuntimeWarning, stacklevel=stacklevel)
 
 
 def capture_step(fn: Callable[..., Any]) -> CapturedStep:
