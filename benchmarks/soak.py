@@ -6,14 +6,16 @@ with a ``loss.item()`` every 5 steps, after untimed warm-up steps (until one com
 bounded by --timeout, so a hang or an abort is reported as such, with the last step reached.
 The table gives each model's steps per second (mean over its jobs), the slowest timed step, and
 the programs compiled during the timed steps (0 expected). --jobs N runs N identical jobs at once
-on the same cores.
+on the same cores. --captured runs our step under ``xs.capture_step`` (AdamW with ``capturable=True``):
+recorded once, then replayed; the table then also gives the peak memory after the warm-up and at the end
+(a replay that kept buffers alive would grow it).
 Baseline, measured in the same run with as many jobs: the same model and optimizer in plain
 PyTorch on the CPU (one device, no sharding) for --baseline-steps steps.
 
 Models: ``mlp``  spmd_mlp.py's 256 x 1024-4096-1024, MSE, SGD (the issue's model);
         ``demo`` examples/demo.py's 32 x 64-256-16, cross entropy, SGD;
         ``gpt``  a 2-layer GPT (d_model 64, 4 heads, context 32, vocabulary 256), AdamW.
-Run: python benchmarks/soak.py [--model mlp|demo|gpt|all] [--steps 1000] [--jobs 1]
+Run: python benchmarks/soak.py [--model mlp|demo|gpt|all] [--steps 1000] [--jobs 1] [--captured]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,7 +41,7 @@ WARMUP_MAX = 4
 # -- the models ------------------------------------------------------------------------------------
 
 
-def build(name: str, device: str):
+def build(name: str, device: str, capturable: bool = False):
     """``(model, optimizer, loss_fn)`` on ``device``; on ``"pjrt"`` the weights and batch are sharded."""
     import torch
     import torch.nn as nn
@@ -70,7 +73,8 @@ def build(name: str, device: str):
         def loss_fn(logits, targets):
             return F.cross_entropy(logits.reshape(-1, GPT.VOCAB), targets.reshape(-1))
 
-        optimizer = lambda params: torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1)  # noqa: E731
+        optimizer = lambda params: torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1,  # noqa: E731
+                                                     capturable=capturable)
     else:
         raise SystemExit(f"unknown model {name!r}")
     model = model.to(device)
@@ -139,7 +143,7 @@ def gpt_class():
 # -- one job ---------------------------------------------------------------------------------------
 
 
-def worker(model_name: str, device: str, steps: int) -> int:
+def worker(model_name: str, device: str, steps: int, captured: bool = False) -> int:
     """Train ``steps`` steps; print a JSON line every PROGRESS_EVERY steps and a final one."""
     compiles = lambda: 0  # noqa: E731
     if device == "pjrt":
@@ -150,14 +154,20 @@ def worker(model_name: str, device: str, steps: int) -> int:
         compiles = lambda: xs.metrics().compiles  # noqa: E731
     else:
         sync = lambda: None  # noqa: E731
-    model, opt, compute_loss = build(model_name, device)
+    model, opt, compute_loss = build(model_name, device, capturable=captured)
     losses: list[float] = []
 
-    def step(n: int) -> None:
+    def train_step():
         loss = compute_loss()
         loss.backward()
         opt.step()
         opt.zero_grad()
+        return loss.detach()
+
+    run = xs.capture_step(train_step) if captured else train_step
+
+    def step(n: int) -> None:
+        loss = run()
         sync()
         if n % ITEM_EVERY == 0:
             losses.append(loss.item())
@@ -170,7 +180,11 @@ def worker(model_name: str, device: str, steps: int) -> int:
         step(ITEM_EVERY)
         if warmup > 1 and compiles() == compiled:
             break
+    if captured:  # a step is recorded once two calls agree: two more untimed steps
+        step(ITEM_EVERY)
+        step(ITEM_EVERY)
     ready = time.perf_counter() - t0
+    rss_ready = _peak_rss_mb()
     compiled = compiles()
     start = last = time.perf_counter()
     slowest = 0.0
@@ -183,14 +197,20 @@ def worker(model_name: str, device: str, steps: int) -> int:
     seconds = time.perf_counter() - start
     print(json.dumps({"step": steps, "done": True, "seconds": seconds, "slowest_step_s": slowest,
                       "warmup_steps": warmup, "warmup_s": ready, "compiles": compiles() - compiled,
-                      "loss_first": losses[0], "loss_last": losses[-1]}), flush=True)
+                      "loss_first": losses[0], "loss_last": losses[-1], "rss_ready_mb": rss_ready,
+                      "rss_end_mb": _peak_rss_mb(), "replays": getattr(run, "replays", 0)}), flush=True)
     return 0
+
+
+def _peak_rss_mb() -> float:
+    """The process's peak resident memory so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # -- the parent --------------------------------------------------------------------------------------
 
 
-def run_jobs(model: str, device: str, steps: int, jobs: int, timeout: float) -> list[dict]:
+def run_jobs(model: str, device: str, steps: int, jobs: int, timeout: float, captured: bool = False) -> list[dict]:
     """Start ``jobs`` workers at once; each result has ``done`` or an ``outcome`` saying how it ended.
 
     The workers write to files (a pipe left unread while the parent waits on another job could fill
@@ -199,7 +219,7 @@ def run_jobs(model: str, device: str, steps: int, jobs: int, timeout: float) -> 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     outputs = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(jobs)]
     children = [
-        subprocess.Popen([sys.executable, __file__, "--worker", model, device, str(steps)],
+        subprocess.Popen([sys.executable, __file__, "--worker", model, device, str(steps), str(int(captured))],
                          stdout=out, stderr=err, text=True, env=env)
         for out, err in outputs
     ]
@@ -251,11 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-steps", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=1, help="identical jobs at once on the same cores")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a job may take")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--captured", action="store_true",
+                        help="run our step under xs.capture_step (recorded once, then replayed without its Python)")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        model, device, steps = args.worker
-        return worker(model, device, int(steps))
+        model, device, steps, captured = args.worker
+        return worker(model, device, int(steps), captured == "1")
 
     models = ["mlp", "demo", "gpt"] if args.model == "all" else [args.model]
     print(f"soak: {args.steps} steps per job, {args.jobs} job(s) at once, loss.item() every {ITEM_EVERY} steps; "
@@ -265,13 +287,16 @@ def main(argv: list[str] | None = None) -> int:
                    ("pjrt/torch", 11, ".2f")])
     rows, failures = [], []
     for model in models:
-        ours = run_jobs(model, "pjrt", args.steps, args.jobs, args.timeout)
+        ours = run_jobs(model, "pjrt", args.steps, args.jobs, args.timeout, args.captured)
         base = run_jobs(model, "cpu", args.baseline_steps, args.jobs, args.timeout)
         for label, results in (("pjrt", ours), ("torch CPU", base)):
             failures += [f"{model} {label}: {r['outcome']} {r['stderr']}" for r in results if not r.get("done")]
         ours_rate, base_rate = rate(ours), rate(base)
         losses = ", ".join(f"{r['loss_first']:.4f} -> {r['loss_last']:.4f}" for r in ours if r.get("done"))
-        print(f"  {model}: pjrt loss {losses}; load {os.getloadavg()[0]:.2f}", flush=True)
+        memory = ", ".join(f"{r['rss_ready_mb']:.0f} -> {r['rss_end_mb']:.0f} MiB" for r in ours if r.get("done"))
+        replays = ", ".join(str(r["replays"]) for r in ours if r.get("done"))
+        print(f"  {model}: pjrt loss {losses}; peak memory after warm-up -> at the end {memory}"
+              f"{f'; replays {replays}' if args.captured else ''}; load {os.getloadavg()[0]:.2f}", flush=True)
         nan = float("nan")  # a failed job leaves no rate
         slowest = max((r["slowest_step_s"] for r in ours if r.get("done")), default=nan)
         compiled = sum(r["compiles"] for r in ours if r.get("done"))

@@ -358,3 +358,41 @@ def test_a_python_argument_that_changes_every_call_is_not_kept_forever(engine):
             captured(x, n)
     assert len(captured._entries) <= 32 and captured.replays == 0
     assert acc.cpu().tolist() == [float(sum(range(40)))] * 2
+
+
+def test_host_data_made_inside_the_step_is_a_constant_when_it_does_not_change(engine):
+    """``torch.arange(n).to(device)`` inside a step (positions in a GPT) is the same every call: compared on the two
+    calls that agree, it is recorded with its value. Host data that changes every call never replays."""
+    acc = torch.zeros(4, device="pjrt")
+    counter = [0]
+
+    def step(x):
+        acc.add_(x * torch.arange(4.0).to(x.device))
+        return acc.sum()
+
+    def changing(x):
+        counter[0] += 1
+        acc.add_(x * torch.tensor([float(counter[0])] * 4).to(x.device))
+        return acc.sum()
+
+    x = torch.ones(4).to("pjrt")
+    captured = xs.capture_step(step)
+    sums = [captured(x).item() for _ in range(5)]
+    assert captured.replays == 2 and sums == [6.0 * k for k in range(1, 6)]  # calls 2 and 3 agree (1 read zeros)
+    acc.zero_()
+    captured = xs.capture_step(changing)
+    with pytest.warns(RuntimeWarning, match="no two calls in a row"):
+        sums = [captured(x).item() for _ in range(MAX_TRACED_CALLS + 1)]
+    assert captured.replays == 0
+    assert sums == [4.0 * sum(range(1, k + 1)) for k in range(1, MAX_TRACED_CALLS + 2)]
+
+
+def test_large_host_data_made_inside_the_step_keeps_it_traced(engine):
+    def step(x):
+        return x + torch.ones(600_000).to(x.device)  # 2.4 MB made on the host every call
+
+    captured = xs.capture_step(step)
+    x = torch.zeros(600_000).to("pjrt")
+    with pytest.warns(RuntimeWarning, match="more than 1048576 bytes"):
+        outs = [captured(x) for _ in range(3)]
+    assert captured.replays == 0 and outs[-1][:3].cpu().tolist() == [1.0] * 3

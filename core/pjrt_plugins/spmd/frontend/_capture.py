@@ -168,8 +168,8 @@ def capture_step(fn: Callable[..., Any]) -> CapturedStep:
     its recorded value (``AdamW(capturable=True)`` keeps its step count on the device). The hyperparameters of
     the optimizers ``fn`` steps are checked before each replay (a scheduler's new ``lr`` records the step
     again); after changing any other Python value ``fn`` reads, call :meth:`CapturedStep.recapture`.
-    A step that reads a device value on the host, runs an op on the CPU fallback, or moves host data to the
-    devices is never replayed: it is traced every call, with a warning saying why. Arguments are pjrt tensors
+    A step that reads a device value on the host, runs an op on the CPU fallback, or moves host data that changes
+    from call to call to the devices is never replayed: it is traced every call, with a warning saying why. Arguments are pjrt tensors
     (in any pytree) and hashable constants; a new shape, dtype, layout or constant records the step again.
 
     Example::

@@ -14,6 +14,7 @@ fallback, or data made on the host inside the step (``torch.tensor(list)``) woul
 from __future__ import annotations
 
 import logging
+import math
 import time
 import weakref
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import torch
 
 from ..devices import metrics, next_rng_keys, rng_keys_tensor, transfer_counters, virtual_device
 from ..execution import CompiledProgram, execute_program, lowering_options
-from ..transport import TensorData, TensorState, upload, upload_host_tensor
+from ..transport import TensorData, TensorState, gather_shards, upload, upload_host_tensor
 from ._donation import columns_unshared, donation_enabled
 from ._materialize import RunRecord, program_for_run, realign_inputs, run_whole, store_results, sync
 from ._state import ENGINE
@@ -31,11 +32,15 @@ from ._trace import Trace, TraceInput
 
 logger = logging.getLogger(__name__)
 
+#: Host data made inside a step (``torch.arange(n).to(device)``) is recorded up to this size: it is read back to
+#: compare the calls, and replays keep its recorded value.
+MADE_BYTES = 1 << 20
+
 __all__ = ["CallWatch", "NotReplayable", "Recording", "ReplayMiss", "record_call", "replay", "watch_call"]
 
 #: Where a recorded input or result lives: an argument (its position among the call's tensor arguments), a tensor
 #: that lives on between calls (a weak reference: parameters, optimizer state), a result (``("result", r)``), or
-#: for an input, an empty tensor made inside the step (``("empty", k)``: its recorded buffers).
+#: for an input, host data made inside the step and moved to the devices (``("made", k)``: its recorded buffers).
 Binding = Union[int, "weakref.ref[TensorData]", tuple[str, int]]
 
 
@@ -86,7 +91,7 @@ class Recording:
     node the trace ended on), its run-time scalars, random ops, pins, outputs, and the bindings.
     """
 
-    __slots__ = ("trace", "outputs", "pins", "base", "donated", "program", "undonated", "inputs", "empty", "holders",
+    __slots__ = ("trace", "outputs", "pins", "base", "donated", "program", "undonated", "inputs", "made", "holders",
                  "results", "scalar_buffers", "generation", "signature")
 
     def __init__(self, trace: Trace, run: RunRecord, inputs: list[Binding], holders: list[list[Binding]],
@@ -99,8 +104,8 @@ class Recording:
         self.program = run.program
         self.undonated: CompiledProgram | None = None if run.donated else run.program
         self.inputs = inputs
-        #: The buffers of the empty inputs made inside the step (they hold no values, so they never change).
-        self.empty = {k: trace.inputs[k].buffers for k, b in enumerate(inputs) if isinstance(b, tuple)}
+        #: The buffers of the inputs made on the host inside the step (the same contents in the calls compared).
+        self.made = {k: trace.inputs[k].buffers for k, b in enumerate(inputs) if isinstance(b, tuple)}
         self.holders = holders
         self.results = results
         self.scalar_buffers = scalar_buffers
@@ -134,6 +139,9 @@ def record_call(watch: CallWatch, args: Sequence[TensorData | None], results: Se
         if isinstance(binding, tuple):
             frozen.inputs[k].buffers = trace.inputs[k].buffers
     scalars = list(trace.scalars)
+    # host data made inside the step is compared by its contents: equal in the calls compared, it is a constant
+    input_tokens = tuple(b if isinstance(b, int) else _contents(s) if isinstance(b, tuple) else ("lasting", s.data_id)
+                         for b, s in zip(inputs, frozen.inputs))
     run = run_whole(trace)
     if run is None:
         raise NotReplayable("the step leaves no value on the devices that anything still holds")
@@ -142,8 +150,7 @@ def record_call(watch: CallWatch, args: Sequence[TensorData | None], results: Se
             raise NotReplayable(f"returned tensor {r} is not computed by the step (return what it computes, or "
                                 "return nothing for tensors it only reads)")
     holders: list[list[Binding]] = []
-    tokens: list[Any] = [tuple(b if isinstance(b, (int, tuple)) else ("lasting", s.data_id)
-                               for b, s in zip(inputs, frozen.inputs))]
+    tokens: list[Any] = [input_tokens]
     for index in run.outputs:
         bound: list[Binding] = []
         for data in run.holders[index]:
@@ -165,19 +172,18 @@ def record_call(watch: CallWatch, args: Sequence[TensorData | None], results: Se
 
 def _input_bindings(trace: Trace, arg_position: dict[int, int], first_id: int) -> list[Binding]:
     """Where each input of ``trace`` is read from: an argument's position, a lasting tensor (weakly), or, for an
-    empty tensor made inside the step, its recorded buffers (``("empty", k)``)."""
+    input made on the host inside the step, its recorded buffers (``("made", k)``)."""
     inputs: list[Binding] = []
     for source in trace.inputs:
         read = source.source()
         if read is not None and id(read) in arg_position:
             inputs.append(arg_position[id(read)])
-        elif source.data_id >= first_id and 0 in source.shape:  # made inside, without values (an empty cache)
-            inputs.append(("empty", len(inputs)))
-        elif source.data_id >= first_id:
-            sync()
-            raise NotReplayable("the step moves data it made on the host to the devices (torch.tensor of a Python "
-                                "list, a CPU tensor moved to pjrt): make it with a device op (torch.full, arange, "
-                                "a slice of a device tensor) or pass it as an argument")
+        elif source.data_id >= first_id:  # host data made inside (an arange moved over, an empty cache)
+            if math.prod(source.shape) * source.dtype.itemsize > MADE_BYTES:
+                sync()
+                raise NotReplayable(f"the step moves more than {MADE_BYTES} bytes of data it made on the host to "
+                                    "the devices: make it with device ops or pass it as an argument")
+            inputs.append(("made", len(inputs)))
         elif read is None:
             sync()
             raise NotReplayable("the step reads a tensor that is freed before it ends")
@@ -201,7 +207,7 @@ def replay(recording: Recording, args: Sequence[TensorData | None]) -> list[Tens
         for k, binding in enumerate(recording.inputs):
             if isinstance(binding, tuple):
                 sources.append(None)
-                columns.append(recording.empty[k])
+                columns.append(recording.made[k])
                 continue
             data = _resolve(binding, args)
             if data is None:
@@ -259,6 +265,13 @@ def _resolve(binding: Binding, args: Sequence[TensorData | None]) -> TensorData 
         return args[binding]
     assert not isinstance(binding, tuple)
     return binding()
+
+
+def _contents(source: TraceInput) -> tuple:
+    """A recorded input made on the host inside the step, by value (read back once per traced call)."""
+    assert source.buffers
+    value = gather_shards(source.shape, source.dtype, source.sharding, source.buffers, virtual_device().device_ids)
+    return ("made", source.shape, str(source.dtype), value.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def _undonated(recording: Recording, vd: Any) -> CompiledProgram:
