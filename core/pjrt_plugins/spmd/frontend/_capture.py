@@ -109,15 +109,15 @@ class CapturedStep:
         entry.traced += 1
         out_leaves, out_spec = pytree.tree_flatten(out)
         results: list[TensorData] = []
+        position: dict[int, int] = {}  # a tensor returned twice is one result
         kinds: list[Any] = []
         for leaf in out_leaves:
             if isinstance(leaf, XLAShardedTensor) and leaf._pjrt_data is not None:
                 data = leaf._pjrt_data
-                found = next((r for r, d in enumerate(results) if d is data), None)
-                if found is None:
-                    found = len(results)
+                if id(data) not in position:
+                    position[id(data)] = len(results)
                     results.append(data)
-                kinds.append(found)
+                kinds.append(position[id(data)])
             elif isinstance(leaf, torch.Tensor):
                 self._give_up(entry, "it returns a tensor that is not on the pjrt device")
                 sync()
@@ -191,6 +191,7 @@ def capture_step(fn: Callable[..., Any]) -> CapturedStep:
 def _argument_key(spec: Any, leaves: list[Any]) -> tuple[Any, list[TensorData | None]]:
     """The signature calls must share to replay one recording, and the data of the tensor arguments in order."""
     datas: list[TensorData | None] = []
+    first: dict[int, int] = {}  # data id -> its first position
     parts: list[Any] = [spec]
     for leaf in leaves:
         if isinstance(leaf, XLAShardedTensor):
@@ -201,7 +202,7 @@ def _argument_key(spec: Any, leaves: list[Any]) -> tuple[Any, list[TensorData | 
             if data is None:
                 raise RuntimeError("capture_step cannot run inside torch.compile")
             # the same tensor passed twice is one input of the recording: later calls must pass one tensor too
-            same = next((p for p, d in enumerate(datas) if d is data), None)
+            same = first.setdefault(id(data), len(datas))
             datas.append(data)
             parts.append((data.shape, data.dtype, data.annotation, same))
         elif isinstance(leaf, torch.Tensor):
