@@ -341,7 +341,10 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
 def test_llama_replays_a_captured_training_step_like_the_traced_one(cpu8, compiled):
     """``xs.capture_step`` around a whole Llama step (forward, backward, AdamW with ``capturable=True``, zero_grad):
     once two calls agree, later calls replay the recorded program without tracing. The replayed loop gives the
-    traced loop's losses and weights bit for bit on new batches, and follows CPU eager."""
+    traced loop's losses and weights on new batches (within float rounding: which values are still alive at the
+    traced loop's sync, garbage the collector has not reached yet included, decides its program's outputs, and a
+    program with other outputs may fuse and round differently; tests/spmd/test_capture_step.py checks bit equality
+    on a small model), and follows CPU eager."""
     xs.set_cpu_fallback(False)
     torch.manual_seed(0)
     ref = CASES["llama"].build().train()
@@ -375,7 +378,7 @@ def test_llama_replays_a_captured_training_step_like_the_traced_one(cpu8, compil
         before = xs.metrics().ops_recorded
         loss = captured(_shard_batch(batch, mesh))
         ops.append(xs.metrics().ops_recorded - before)
-        assert torch.equal(loss.cpu(), traced_loss.cpu()), f"step {i}"
+        assert_close(f"loss against the traced loop at step {i}", loss.cpu(), traced_loss.cpu(), rtol=1e-5, atol=1e-6)
         loss_ref = ref(**batch).loss
         loss_ref.backward()
         opt_ref.step()
@@ -383,5 +386,5 @@ def test_llama_replays_a_captured_training_step_like_the_traced_one(cpu8, compil
         assert_close(f"loss at step {i}", loss.cpu(), loss_ref.detach())
     assert captured.replays == 2 and ops[3:] == [0, 0], f"ops traced per call: {ops}"
     for (key, got), want in zip(model.state_dict().items(), traced_model.state_dict().values()):
-        assert torch.equal(got.cpu(), want.cpu()), key
+        assert_close(f"{key} against the traced loop", got.cpu(), want.cpu(), rtol=1e-5, atol=1e-6)
     assert xs.metrics().fallbacks == 0
