@@ -271,7 +271,8 @@ def _contents(source: TraceInput) -> tuple:
     """A recorded input made on the host inside the step, by value (read back once per traced call)."""
     assert source.buffers
     value = gather_shards(source.shape, source.dtype, source.sharding, source.buffers, virtual_device().device_ids)
-    return ("made", source.shape, str(source.dtype), value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    flat = torch.empty(value.numel(), dtype=value.dtype).copy_(value.reshape(-1))  # unit strides, even for 1 element
+    return ("made", source.shape, str(source.dtype), flat.view(torch.uint8).numpy().tobytes())
 
 
 def _undonated(recording: Recording, vd: Any) -> CompiledProgram:
