@@ -161,7 +161,8 @@ def capture_step(fn: Callable[..., Any]) -> CapturedStep:
     shapes and layouts: the first calls run traced (the optimizer makes its state), and once two calls in a row
     record the same ops, Python numbers and tensors, later calls run the recorded program on the current values
     of the tensors it reads (parameters, optimizer state, the batch passed in) and write the results into the
-    tensors it updates. Every call ends with what :func:`sync` does. Tensors ``fn`` returns are new tensors each
+    tensors it updates. Every call starts and ends with what :func:`sync` does (work pending from before the
+    call runs first, as its own program). Tensors ``fn`` returns are new tensors each
     call (without autograd history); other returned values are those of the recorded call.
 
     As with ``torch.cuda.graphs``, what ``fn``'s Python decides is decided once: a Python number it reads keeps
