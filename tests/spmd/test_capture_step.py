@@ -30,12 +30,12 @@ def _batches(n: int, rows: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 8, generator=g)) for _ in range(n)]
 
 
-def _setup(model: nn.Module, capturable: bool = True, compiled: bool = False):
+def _setup(model: nn.Module, capturable: bool = True, compiled: bool = False, lr: float | torch.Tensor = 0.01):
     mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
     model = copy.deepcopy(model).to("pjrt")
     xs.mark_sharding(model[0].weight, mesh, ("model", None))
     xs.mark_sharding(model[3].weight, mesh, (None, "model"))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01, capturable=capturable)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=capturable)
     forward = torch.compile(model, backend="pjrt") if compiled else model
 
     def step(x, y):
@@ -45,6 +45,7 @@ def _setup(model: nn.Module, capturable: bool = True, compiled: bool = False):
         opt.zero_grad()
         return loss.detach()
 
+    step.optimizer = opt  # type: ignore[attr-defined]  # for a scheduler
     return mesh, model, step
 
 
@@ -282,18 +283,8 @@ def test_one_tensor_passed_twice_is_not_replayed_for_two(engine):
 
 def _scheduled_run(model, batches, lr, captured: bool):
     """A loop whose learning rate halves every other step (set between calls, as a scheduler does)."""
-    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
-    model = copy.deepcopy(model).to("pjrt")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=True)
-    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-
-    def step(x, y):
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
+    mesh, model, step = _setup(model, lr=lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(step.optimizer, step_size=2, gamma=0.5)
     run = xs.capture_step(step) if captured else step
     losses = []
     for x, y in _on_devices(batches, mesh):
