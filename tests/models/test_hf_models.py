@@ -139,6 +139,14 @@ def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float =
                              f"pjrt {got.flatten()[worst].item():.6g}) exceeds rtol={rtol} atol={atol}")
 
 
+def _llama_reference(train: bool) -> tuple[nn.Module, xs.Mesh]:
+    """The Llama case on the CPU (seeded: every side copies it) and the 8-device data mesh; the CPU fallback off, so
+    an operator without a lowering fails the test."""
+    xs.set_cpu_fallback(False)
+    torch.manual_seed(0)
+    return CASES["llama"].build().train(train), xs.Mesh(range(8), (8,), ("data",))
+
+
 def _shard_batch(batch: Batch, mesh: xs.Mesh) -> Batch:
     """The batch on pjrt, split along its first dimension over the mesh's ``data`` axis."""
     return {k: xs.mark_sharding(v.to("pjrt"), mesh, ("data",) + (None,) * (v.dim() - 1)) for k, v in batch.items()}
@@ -228,12 +236,9 @@ def test_llama_decodes_with_a_kv_cache_under_torch_compile_like_cpu_eager(cpu8, 
     """A prefill then decode steps of one token through the compiled model, the cache passed in and updated: the
     dynamic cache grows by ``cat``, the static one is written in place (zeros made on the first call, then
     ``index_copy_``). A static cache's decode steps, once warm, run one program."""
-    xs.set_cpu_fallback(False)
-    torch.manual_seed(0)
-    ref = CASES["llama"].build().eval()
+    ref, mesh = _llama_reference(train=False)
     model = copy.deepcopy(ref).to("pjrt")
     forward = torch.compile(model, backend="pjrt")
-    mesh = xs.Mesh(range(8), (8,), ("data",))
     cache_ref, cache = _cache(kind, ref), _cache(kind, model)
     ids = _tokens(torch.Generator().manual_seed(1))["input_ids"]
     compiles = []
@@ -260,11 +265,8 @@ def test_llama_generates_the_cpu_tokens_without_a_program_per_token(cpu8, padded
     decode step is one program; the final ``input_ids`` is put together on the host; the last call's leftover
     ``cat`` is dropped, not run). A padded prompt's attention mask, one column longer every token, is padded to
     the cache's length on the host: the decode step reads it with one shape."""
-    xs.set_cpu_fallback(False)
-    torch.manual_seed(0)
-    ref = CASES["llama"].build().eval()
+    ref, mesh = _llama_reference(train=False)
     model = copy.deepcopy(ref).to("pjrt")
-    mesh = xs.Mesh(range(8), (8,), ("data",))
     prompt = torch.randint(1, VOCAB, (BATCH, 5), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": prompt}
     if padded:  # half the prompts start with two pad tokens (pad_token_id 0)
@@ -293,12 +295,9 @@ def test_llama_trains_with_a_compiled_adamw_step_like_cpu_eager(cpu8):
     eager's AdamW, the step stops compiling after the first steps, uploads nothing but the batch (the eager
     update uploads its changing scalars every step), and the parameters and optimizer state are donated to the
     step's program."""
-    xs.set_cpu_fallback(False)
-    torch.manual_seed(0)
-    ref = CASES["llama"].build().train()
+    ref, mesh = _llama_reference(train=True)
     model = copy.deepcopy(ref).to("pjrt")
     forward = torch.compile(model, backend="pjrt")
-    mesh = xs.Mesh(range(8), (8,), ("data",))
     options = dict(lr=1e-2, weight_decay=0.01)
     opt_ref = torch.optim.AdamW(ref.parameters(), **options)
     opt = torch.optim.AdamW(model.parameters(), capturable=True, **options)
@@ -345,10 +344,7 @@ def test_llama_replays_a_captured_training_step_like_the_traced_one(cpu8, compil
     traced loop's sync, garbage the collector has not reached yet included, decides its program's outputs, and a
     program with other outputs may fuse and round differently; tests/spmd/test_capture_step.py checks bit equality
     on a small model), and follows CPU eager."""
-    xs.set_cpu_fallback(False)
-    torch.manual_seed(0)
-    ref = CASES["llama"].build().train()
-    mesh = xs.Mesh(range(8), (8,), ("data",))
+    ref, mesh = _llama_reference(train=True)
     options = dict(lr=1e-2, weight_decay=0.01)
 
     def make_step():
