@@ -66,11 +66,33 @@ def test_ctrl_c_interrupts_a_long_execute(cpu_library_path):
         out, err = child.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         child.kill()
-        child.communicate()
-        pytest.fail("Ctrl-C did not interrupt execute() within 60 s")
+        out, err = child.communicate()
+        pytest.fail(f"the child did not exit within 60 s of Ctrl-C; it printed {out!r}, stderr {err[-2000:]!r}")
     report = json.loads(out.strip().splitlines()[-1])
     assert time.monotonic() - sent < 10 and report["interrupted_after"] < 10, (out, err)
     assert child.returncode == 0, err[-2000:]
+
+
+def test_ctrl_c_between_the_launch_and_the_wait_does_not_hang_the_exit(cpu_library_path):
+    # A Ctrl-C lands where Python happens to be: here right after the plugin accepted the
+    # execution, before the wait owns its events (forced by raising it from the first step after
+    # the launch). The exit must not wait for the plugin's threads, which still run the program.
+    setup = """import pjrt_plugins.runtime._executable as executable_module
+def ctrl_c_lands_here(*args, **kwargs):
+    raise KeyboardInterrupt
+executable_module.Executable._execute_errors = ctrl_c_lands_here"""
+    handler = """except KeyboardInterrupt:
+    print(json.dumps({"unsettled": len(client._unsettled_executions)}), flush=True)"""
+    try:
+        result = subprocess.run([sys.executable, "-c", long_execute_child(cpu_library_path, setup, handler)],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit within 60 s after the interrupted launch: {exc.stderr!r}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"unsettled": 1}
+    assert "leaving the PJRT client" in result.stderr and "exiting without running the plugins' exit handlers" in (
+        result.stderr
+    ), result.stderr[-2000:]
 
 
 def test_execute_timeout_bounds_the_wait(cpu_library_path):
@@ -111,7 +133,7 @@ def test_an_execution_that_uses_no_cpu_is_reported_stuck(stuck_client, build_shi
     assert "used no CPU for the last 1 s" in str(error) and "restart the process" in str(error)
     assert isinstance(error, TimeoutError)
     assert shim_report(build_shim(SHIM_STUCK_EXECUTE=True)).count("on_ready;") == 8
-    assert len(stuck_client._abandoned_executions) == 1
+    assert len(stuck_client._unsettled_executions) == 1
     # Closing does not wait for the plugin (its threads may never come back): it returns at once.
     stuck_client.stall_timeout = None
     start = time.monotonic()

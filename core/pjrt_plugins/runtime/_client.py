@@ -27,6 +27,7 @@ from ._buffer import Buffer, delete_buffers
 from ._cdef import ffi
 from ._compile_options import CompileOptions
 from ._devices import Device, Memory
+from ._events import EventWait, leave_running
 from ._dtypes import pjrt_type_of
 from ._executable import Executable, _ExecuteFrame
 from ._host_arrays import aligned_copy, host_array
@@ -144,7 +145,9 @@ class Client:
         self._live_buffers: dict[int, tuple[Any, Any]] = {}
         self._live_executables: dict[int, tuple[Any, Any]] = {}
         self._pending_host: list[tuple[Any, Any]] = []
-        self._abandoned_executions: set[Any] = set()  # waits given up on (Ctrl-C, stuck): still in the plugin
+        # Executions that may still run in the plugin: a launch until its outcome is known (a token),
+        # then a wait given up on (Ctrl-C, stuck) until its events fire. close() waits for none.
+        self._unsettled_executions: set[Any] = set()
         self._devices_by_ptr: dict[int, Device] = {}
         self._memories_by_ptr: dict[int, Memory] = {}
         self._devices: list[Device] | None = None
@@ -204,9 +207,11 @@ class Client:
             self._released = True
             # Every step runs even when one fails, so one bad handle cannot leak the rest.
             errors: list[Exception] = []
-            # An execution given up on (Ctrl-C, stuck) may still use buffers and hold the plugin's
-            # threads: then nothing waits for the plugin, and what it may still read is kept.
-            settle = not self._abandoned_executions
+            # An execution given up on (Ctrl-C, stuck), or interrupted before its wait began, may
+            # still use buffers and hold the plugin's threads: then nothing waits for the plugin,
+            # and what it may still read is kept.
+            unsettled = list(self._unsettled_executions)
+            settle = not unsettled
             while self._live_buffers:
                 try:
                     _, entry = self._live_buffers.popitem()
@@ -230,8 +235,10 @@ class Client:
                     "leaving the PJRT client on %r to the operating system: %d execution(s) given up on "
                     "(interrupted or stuck) are still running in it",
                     self.plugin_name,
-                    len(self._abandoned_executions),
+                    len(unsettled),
                 )
+                # Launches with no wait to report them: the exit must not run the plugin's destructors either.
+                leave_running(sum(1 for entry in unsettled if not isinstance(entry, EventWait)))
             elif _attempt(errors, self._lib.invoke, "PJRT_Client_Destroy", client=ptr) and self._kv is not None:
                 self._kv.release()  # only once the plugin can no longer read the values
         if errors:

@@ -46,6 +46,7 @@ STALL_CPU_SHARE = 0.01
 
 _abandoned: set[EventWait] = set()  # given-up waits, kept until their last callback fires
 _abandoned_lock = threading.Lock()
+_left_running = 0  # executions of clients left to the OS that no wait reports (see leave_running)
 
 
 class WaitExpired(TimeoutError):
@@ -389,6 +390,14 @@ def abandoned_waits() -> int:
         return len(_abandoned)
 
 
+def leave_running(count: int) -> None:
+    """Note ``count`` executions that may still run in a plugin with no wait to report them
+    (interrupted between their launch and their wait): the exit then skips the plugins' destructors."""
+    global _left_running
+    with _abandoned_lock:
+        _left_running += count
+
+
 def _end_before_plugin_destructors() -> None:
     """At interpreter exit: if executions given up on still run in a plugin, skip its destructors.
 
@@ -397,7 +406,7 @@ def _end_before_plugin_destructors() -> None:
     destructors). An uncaught KeyboardInterrupt never reaches ``exit()``: Python ends with
     SIGINT then, which runs no destructors either.
     """
-    pending = abandoned_waits()
+    pending = abandoned_waits() + _left_running
     if not pending:
         return
     libc = cffi.FFI()

@@ -484,19 +484,30 @@ class Executable(OwnedHandle):
         elif frame.on_device:
             args.execute_device = ffi.NULL
             frame.on_device = False
+        # Unsettled from before the launch until its outcome is known: a Ctrl-C that lands
+        # between the plugin's return and the wait leaves the token, and close() then does not
+        # wait for the plugin's threads, which still run the execution (see Client.close).
+        unsettled = client._unsettled_executions
+        token = object()
+        unsettled.add(token)
         plan = frame.plan
         if plan is not None:
             status = _pjrtp_execute(plan)  # the launch id, and the events when they are ready already
             if status == _fastpath.EXECUTE_FAILED:
+                unsettled.discard(token)
                 raise self._lib.error_to_exception(plan.execute_error, _EXECUTE)
             if status == _fastpath.INVALID_ARGUMENTS:  # a frame the runtime built wrongly: nothing ran
+                unsettled.discard(token)
                 raise RuntimeError("pjrtp_execute refused the execute frame's plan; nothing ran (a bug in pjrt_plugins)")
         else:
             frame.options.launch_id = next(self._launch_ids) % _LAUNCH_IDS
             status = _fastpath.RUNNING  # nothing waited for yet
             err = frame.execute_fn(args)
             if err:
+                unsettled.discard(token)
                 raise self._lib.error_to_exception(err, _EXECUTE)
+        if not (wait and status):  # finished, or not waited for here (the outputs' own events follow it)
+            unsettled.discard(token)
         outputs = []
         complete = True
         for inner in frame.inner_outputs:
@@ -509,9 +520,9 @@ class Executable(OwnedHandle):
                     complete = False
             outputs.append(row)
         if not complete:
-            self._refuse_missing_outputs(frame, status, outputs, device, wait)
+            self._refuse_missing_outputs(frame, status, outputs, device, wait, token)
         if wait and status:  # not finished by the fast path, or finished with errors
-            errors = self._execute_errors(frame, status, outputs, device)
+            errors = self._execute_errors(frame, status, outputs, device, token)
             if any(errors):
                 _release(outputs)
                 raise next(error for error in errors if error is not None)
@@ -520,14 +531,15 @@ class Executable(OwnedHandle):
         return outputs
 
     def _refuse_missing_outputs(
-        self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None, wait: bool
+        self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None, wait: bool,
+        token: object,
     ) -> None:
         """Raise for an execute that reported success but left outputs NULL, once its events are
         finished (a device's own error, if one failed, is the more useful report); the outputs it
         did return are released."""
         d, i = next((d, i) for d, inner in enumerate(frame.inner_outputs) for i in range(self.num_outputs) if not inner[i])
         try:
-            errors = self._execute_errors(frame, status, outputs, device) if wait and status else []
+            errors = self._execute_errors(frame, status, outputs, device, token) if wait and status else []
         finally:
             _release(outputs)
         raise next((error for error in errors if error is not None), None) or self._lib.broken_answer(
@@ -535,10 +547,12 @@ class Executable(OwnedHandle):
         )
 
     def _execute_errors(
-        self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None
+        self, frame: _ExecuteFrame, status: int, outputs: list[list[Buffer]], device: Device | int | None,
+        token: object,
     ) -> list[PjrtError | None]:
         """Each device's execution error (None: it succeeded), waiting for what is still running;
-        ``status`` says what the fast path did (``RUNNING`` also when there is none)."""
+        ``status`` says what the fast path did (``RUNNING`` also when there is none). The launch's
+        ``token`` leaves the client's unsettled executions once the outcome is known."""
         events = frame.events  # one per device, as many as rows of outputs
         ready = frame.ready_events
         try:
@@ -548,9 +562,10 @@ class Executable(OwnedHandle):
                 errors = ready.outcome(status, len(outputs), _EXECUTE)
         except BaseException:
             _release(outputs)
-            raise
+            raise  # the token stays: whether the execution finished is not known
         if errors is None:  # not done yet: wait, bounded and interruptible
-            errors = self._await_devices(list(events), outputs, device)
+            return self._await_devices(list(events), outputs, device, token)
+        self._client._unsettled_executions.discard(token)
         return errors
 
     def _learn_output_plans(self, frame: _ExecuteFrame, outputs: list[Buffer]) -> None:
@@ -578,26 +593,31 @@ class Executable(OwnedHandle):
             return self._launch_ids
 
     def _await_devices(
-        self, events: list[Any], outputs: list[list[Buffer]], device: Device | int | None
+        self, events: list[Any], outputs: list[list[Buffer]], device: Device | int | None, token: object
     ) -> list[PjrtError | None]:
         """Wait for the device-complete ``events``; returns their errors.
 
         Interrupted (Ctrl-C) or past the client's bounds, the execution stays in the plugin,
-        which cannot cancel it: the outputs are released, and the client keeps the wait so
-        that ``close()`` does not block on the plugin's threads while it is pending.
+        which cannot cancel it: the outputs are released, and the wait takes the launch's
+        ``token``'s place among the client's unsettled executions, so that ``close()`` does not
+        block on the plugin's threads while it is pending.
         """
         client = self._client
+        unsettled = client._unsettled_executions
         waiter = EventWait(self._lib, events, _EXECUTE)
         try:
-            return waiter.wait(client.execute_timeout, client.stall_timeout)
+            errors = waiter.wait(client.execute_timeout, client.stall_timeout)
         except BaseException as exc:
             _release(outputs)
             if not waiter.complete:
-                client._abandoned_executions.add(waiter)
-                waiter.when_complete(lambda: client._abandoned_executions.discard(waiter))
+                unsettled.add(waiter)
+                waiter.when_complete(lambda: unsettled.discard(waiter))
+            unsettled.discard(token)
             if isinstance(exc, WaitExpired):
                 raise self._stuck_error(exc, waiter.pending, len(outputs), device) from None
             raise
+        unsettled.discard(token)
+        return errors
 
     def _stuck_error(
         self, expired: WaitExpired, pending: list[int], num_devices: int, device: Device | int | None
