@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from pjrt_plugins import OptionType, PluginConfigurationError
 from pjrt_plugins.conform._programs import ADD_F32, spmd_square_and_sum
 from pjrt_plugins.options import validate_options
 from pjrt_plugin_cpu import CpuPlugin
-from pjrt_plugin_cpu._plugin import client_environment, stall_timeout
+from pjrt_plugin_cpu._plugin import client_environment, keep_freed_host_memory, stall_timeout
 
 # Squares a 16-vector split over 8 devices and sums the squares across them (the partitioner adds the all-reduce).
 SPMD_PROGRAM = spmd_square_and_sum(8, shard_length=2)
@@ -244,3 +245,54 @@ def test_the_library_sees_its_environment_only_while_it_creates_the_client(run_p
         f"environment after: {f'--xla_dump_to={dump} {user_flags}'.strip()} None",
         f"xnnpack off: {not xnnpack}",
     ]
+
+
+#: In a child: hold 64 MiB of 8 MiB blocks, free them, five times; print the page faults of the last four rounds.
+#: glibc's defaults give the freed top back to the system each round, and the next round faults it in again.
+FAULTS_OF_A_STEP_PATTERN = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def round_of_blocks():
+    blocks = [libc.malloc(8 << 20) for _ in range(8)]
+    for block in blocks:
+        libc.memset(block, 1, 8 << 20)
+    for block in blocks:
+        libc.free(block)
+round_of_blocks()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    round_of_blocks()
+print("faults per round:", (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 4)
+"""
+
+
+@pytest.mark.parametrize(("setting", "kept"), [(None, True), ("1", True), ("0", False)])
+def test_a_cpu_client_keeps_the_memory_a_step_frees(run_python, setting, kept):
+    """The backend sets malloc's thresholds as the process is configured for its client (the
+    device buffers and temporaries are malloc's): memory freed by one step is reused by the next
+    without page faults, unless PJRT_CPU_KEEP_FREED_MEMORY=0 leaves glibc's defaults."""
+    code = """
+    import pjrt_plugins
+    with pjrt_plugins.get_plugin("cpu").create_client() as client:
+        pass
+    """ + textwrap.indent(FAULTS_OF_A_STEP_PATTERN, "    ")
+    result = run_python(code, env={} if setting is None else {"PJRT_CPU_KEEP_FREED_MEMORY": setting})
+    assert result.returncode == 0, result.stderr
+    faults = int(result.stdout.split("faults per round:")[1])
+    if kept:
+        assert faults < 200, result.stdout  # 16,384 pages are freed and reused each round
+    else:
+        assert faults > 8000, result.stdout  # the same pages faulted in again (glibc's defaults)
+
+
+def test_a_malformed_keep_freed_memory_switch_names_the_variable(cpu, monkeypatch):
+    monkeypatch.setenv("PJRT_CPU_KEEP_FREED_MEMORY", "sometimes")
+    with pytest.raises(PluginConfigurationError, match="PJRT_CPU_KEEP_FREED_MEMORY"):
+        cpu.configure_single_process()
+
+
+def test_keeping_freed_memory_is_applied_once_and_reports_it():
+    assert keep_freed_host_memory() is True  # glibc here
+    assert keep_freed_host_memory() is True

@@ -1,17 +1,19 @@
 """The CPU backend: finds the OpenXLA CPU PJRT library and says how many CPU devices to create.
 
 Never opens the library and never imports a heavy module: everything here is
-answered from environment variables and installed-package metadata.
+answered from environment variables and installed-package metadata (and the C
+library's ``mallopt``, see :func:`keep_freed_host_memory`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from pjrt_plugins import DevicePlugin, PluginConfigurationError, env_int, find_library, hookimpl
+from pjrt_plugins import DevicePlugin, PluginConfigurationError, env_bool, env_int, find_library, hookimpl
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,47 @@ XLA_FLAG_DEFAULTS = {"xla_cpu_use_xnnpack": "false"}
 #: THREADS_PER_DEVICE_WITH_XNNPACK threads per device instead, the margin that also ended the deadlock.
 POOL_SIZE_ENVS = ("PJRT_NPROC", "NPROC")
 THREADS_PER_DEVICE_WITH_XNNPACK = 2
+#: ``0`` leaves glibc's malloc as it is (see keep_freed_host_memory); unset or ``1`` keeps freed memory.
+KEEP_FREED_MEMORY_ENV = "PJRT_CPU_KEEP_FREED_MEMORY"
+#: Requests below this come from malloc's heaps, not from fresh mmaps: glibc's largest (32 MiB on 64-bit).
+MMAP_THRESHOLD = 32 << 20
+#: Free memory at a heap's top is given back to the system only beyond this.
+TRIM_THRESHOLD = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+_kept_freed_memory: bool | None = None  # None: not tried yet in this process
+
+
+def keep_freed_host_memory() -> bool:
+    """Have glibc's malloc keep the memory a training step frees for the next one; True where it does.
+
+    This library's device buffers and each execution's temporaries are host memory from malloc.
+    By default glibc gives freed memory back to the system once a heap's free top passes its trim
+    threshold, and serves requests above its mmap threshold with fresh mappings, raising both
+    thresholds only as far as what it has seen freed. A step whose temporaries outgrow them then
+    faults the same pages in again every step: 5,400 page faults and 13 ms of CPU a step for the
+    Megatron Llama of ``benchmarks/hf_step.py`` (the documentation's Benchmarks page). Fixed
+    thresholds keep that memory in the process, as the caching allocators of torch and jax do for
+    GPU memory; the price is that the process does not shrink after a peak. Once per process; not
+    on a C library without glibc's ``mallopt`` (then nothing changes).
+    """
+    global _kept_freed_memory
+    if _kept_freed_memory is None:
+        try:
+            mallopt = ctypes.CDLL(None).mallopt  # the C library the process runs on; 1 on success
+            _kept_freed_memory = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and (
+                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+            )
+        except (AttributeError, OSError) as exc:  # no mallopt: not glibc
+            logger.debug("cannot set malloc's thresholds: %s", exc)
+            _kept_freed_memory = False
+        logger.debug("malloc keeps freed memory: %s", _kept_freed_memory)
+    return _kept_freed_memory
+
+
+def configure_host_memory() -> None:
+    """Keep freed host memory (:func:`keep_freed_host_memory`) unless ``PJRT_CPU_KEEP_FREED_MEMORY=0``."""
+    if env_bool(KEEP_FREED_MEMORY_ENV, default=True):
+        keep_freed_host_memory()
 
 
 def check_device_count(count: int, source: str) -> int:
@@ -152,6 +195,14 @@ class CpuPlugin(DevicePlugin):
     @hookimpl
     def pjrt_client_create_environment(self, options: Mapping[str, Any]) -> dict[str, str]:
         return client_environment(int(options.get("cpu_device_count", DEFAULT_LIBRARY_DEVICES)))
+
+    @hookimpl
+    def pjrt_configure_single_process(self) -> None:
+        configure_host_memory()
+
+    @hookimpl
+    def pjrt_configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
+        configure_host_memory()  # every process has its own devices: nothing to divide
 
     @hookimpl
     def pjrt_stall_timeout(self) -> float | None:
