@@ -19,7 +19,10 @@ as a training loop does. Each cell is the median of ``--rounds`` rounds of ``--c
 every output; a second table gives each call's CPU time (all threads of the worker process), which the machine's
 load moves less than the wall time. Measures only.
 
-Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5] [--donate]
+``--plugin-only`` keeps the plugin's columns: an A/B of two programs on one compiler, without the load of the jaxlib
+workers.
+
+Run: python benchmarks/xla_cross_compile.py DIR/*.mlir [--rounds 5] [--calls 5] [--donate] [--plugin-only]
 """
 
 from __future__ import annotations
@@ -256,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--donate", action="store_true",
                         help="add both XLAs running the modules with their donation (inputs aliased to outputs), "
                              "each call's aliased outputs fed back as the next call's inputs")
+    parser.add_argument("--plugin-only", action="store_true",
+                        help="only the plugin's XLA (an A/B of programs, without the jaxlib workers' load)")
     parser.add_argument("--worker", choices=("plugin", "jaxlib"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     paths = [str(Path(p).resolve()) for p in args.modules]
@@ -264,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(paths)} modules on {DEVICES} CPU devices; {os.cpu_count()} cpus, load "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     columns = {**COMPILERS, **({DONATING: ("plugin", {}), JAXLIB_DONATING: ("jaxlib", {})} if args.donate else {})}
+    if args.plugin_only:
+        columns = {name: column for name, column in columns.items() if column[0] == "plugin"}
     workers: dict[str, Worker] = {}
     try:
         for name, (kind, env) in columns.items():
