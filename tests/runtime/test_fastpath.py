@@ -66,7 +66,7 @@ def _failing_execute_on_two_devices(client: Client) -> tuple[PjrtError, Any, lis
     with pytest.raises(PjrtError) as raised:
         exe.execute([[x, x] for x in xs])
     assert len(client._live_buffers) == live  # the outputs were freed, not leaked
-    assert not client._calls and not exe._calls  # the counted call ended (execute writes it out)
+    assert not client._calls and not client._handle_calls  # the counted call ended (execute writes it out)
     return raised.value, exe, xs
 
 
@@ -120,7 +120,7 @@ def test_a_plugin_that_cannot_say_whether_an_execution_is_done_is_waited_for(run
         for wait in (True, False, True):
             outputs = exe.execute([[x, x] for x in xs], wait=wait)
             assert [o.to_numpy().tolist() for [o] in outputs] == [[2.0] * 4, [4.0] * 4]
-        assert not client._calls and not exe._calls
+        assert not client._calls and not client._handle_calls
     # In C: IsReady failed (waited for in Python), no events asked (wait=False), IsReady failed.
     unknown, done = _fastpath.READINESS_UNKNOWN, _fastpath.DONE
     assert statuses == ([unknown, done, unknown] if runtime_path == "compiled" else [])
@@ -175,7 +175,7 @@ def test_a_failing_read_names_the_function_and_drops_its_reference(runtime_path,
             with pytest.raises(PjrtError) as raised:
                 x.to_numpy()
             assert raised.value.function == "PJRT_Buffer_OpaqueDeviceMemoryDataPointer"
-            assert not client._calls and not x._calls  # the counted call ended (to_numpy writes it out)
+            assert not client._calls and not client._handle_calls  # the counted call ended (to_numpy writes it out)
         calls = shim_report(path).split(";")
         assert calls.count("hold") == 2 and calls.count("unhold") == 2  # every reference taken was dropped
         x.delete()  # not pinned: it frees

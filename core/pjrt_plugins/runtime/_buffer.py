@@ -96,7 +96,6 @@ class Buffer(OwnedHandle):
         self._client = client
         self._lib = client._lib
         self._ptr = ptr
-        self._calls: list[None] = []  # calls in flight on this buffer (see _inflight)
         self._host: Any = None
         self._shape = shape
         self._dtype = dtype
@@ -159,10 +158,11 @@ class Buffer(OwnedHandle):
 
     def _in_use(self) -> bool:
         """A call on this buffer, or an execute reading it as an argument, is in flight."""
-        if self._calls:
+        client = self._client
+        if self in client._handle_calls:  # identity: buffers do not define equality
             return True
         try:
-            for frame in list(self._client._running):
+            for frame in list(client._running):
                 arguments = frame.arguments
                 if arguments is not None and any(self is buf for row in arguments for buf in row):
                     return True
@@ -355,7 +355,8 @@ class Buffer(OwnedHandle):
         client = self._client
         calls = client._calls
         calls.append(None)  # a counted call (OwnedHandle._begin, inlined: the hot path)
-        self._calls.append(None)
+        handle_calls = client._handle_calls
+        handle_calls.append(self)
         try:
             ptr = self._ptr
             if ptr is None or client._closed:
@@ -368,7 +369,7 @@ class Buffer(OwnedHandle):
                         return self._read_direct(ptr, out)
             return self._to_numpy(ptr, out)
         finally:
-            self._calls.pop()
+            handle_calls.remove(self)
             if client._deferred:
                 free_deferred(client._deferred)
             calls.pop()
@@ -549,11 +550,12 @@ def delete_buffers(client: Client, buffers: Iterable[Buffer]) -> None:
         if client._closed:  # close() frees every handle of its registry
             return
         running = client._running
+        handle_calls = client._handle_calls
         registry = client._live_buffers
         handles = []
         first: PjrtError | None = None
         for buf in gone:
-            if buf._calls or (running and buf._in_use()):
+            if (running or handle_calls) and buf._in_use():
                 buf._free_when_unused()  # freed by the last call using it
                 continue
             entry = registry.pop(id(buf), None)  # atomic: one caller wins

@@ -125,6 +125,7 @@ class Client:
         self._released = True  # until PJRT_Client_Create succeeds; then set once close() has freed it all
         self._ptr = ffi.NULL
         self._calls: list[None] = []  # calls in flight on this client and on what it owns (see _inflight)
+        self._handle_calls: list[OwnedHandle] = []  # the buffer or executable of each call on one in flight
         self._running: list[_ExecuteFrame] = []  # frames of the executes in flight, with their arguments
         self._deferred: list[OwnedHandle] = []  # buffers and executables deleted while calls used them
         self._lock = threading.RLock()

@@ -129,7 +129,6 @@ class Executable(OwnedHandle):
         self._client = client
         self._lib = lib = client._lib
         self._ptr = loaded  # the PJRT_LoadedExecutable; None once deleted
-        self._calls: list[None] = []  # calls in flight on this executable (see _inflight)
         self._exe: Any = None  # its PJRT_Executable, used within counted calls only
         try:
             self._exe = lib.invoke("PJRT_LoadedExecutable_GetExecutable", loaded_executable=loaded).executable
@@ -373,7 +372,8 @@ class Executable(OwnedHandle):
         client = self._client
         client_calls = client._calls
         client_calls.append(None)
-        self._calls.append(None)
+        handle_calls = client._handle_calls
+        handle_calls.append(self)
         try:
             loaded = self._ptr
             if loaded is None or client._closed:
@@ -392,7 +392,7 @@ class Executable(OwnedHandle):
                 frame.arguments = None
                 frame.pool.append(frame)
         finally:
-            self._calls.pop()
+            handle_calls.remove(self)
             if client._deferred:
                 free_deferred(client._deferred)
             client_calls.pop()
