@@ -401,22 +401,39 @@ def leave_running(count: int) -> None:
 def _end_before_plugin_destructors() -> None:
     """At interpreter exit: if executions given up on still run in a plugin, skip its destructors.
 
-    Registered with ``atexit``; it arranges, through glibc's ``on_exit``, for ``exit()`` to
-    call ``_exit(status)`` before the exit handlers registered earlier (the plugins' static
-    destructors). An uncaught KeyboardInterrupt never reaches ``exit()``: Python ends with
-    SIGINT then, which runs no destructors either.
+    Registered with ``atexit``; it arranges for ``exit()`` to call ``_exit(status)`` before any exit
+    handler (the plugins' static destructors among them). glibc runs exit handlers newest first, and a
+    plugin's thread still running a program can register one at any time: a static it initializes
+    lazily (oneDNN's gemm kernels on the CPU plugin's first dot) registers its destructor when it is
+    built, possibly after Python began exiting, and that destructor then ran first and freed the
+    kernels the thread was still building (SIGSEGV). So the ``_exit`` handler is registered at the
+    start of ``exit()`` itself, from a destructor of the main thread's thread-locals, which glibc runs
+    before the exit handlers: it is then the newest. An uncaught KeyboardInterrupt never reaches
+    ``exit()``: Python ends with SIGINT then, which runs no destructors either.
     """
     pending = abandoned_waits() + _left_running
     if not pending:
         return
     libc = cffi.FFI()
-    libc.cdef("int on_exit(void (*function)(int, void *), void *arg); void _exit(int status);")
+    libc.cdef(
+        "int on_exit(void (*function)(int, void *), void *arg); void _exit(int status);"
+        "int __cxa_thread_atexit_impl(void (*function)(void *), void *obj, void *dso_symbol);"
+    )
     try:
         c = libc.dlopen(None)
-        c.on_exit(libc.cast("void (*)(int, void *)", c._exit), libc.NULL)
+        exit_now = libc.cast("void (*)(int, void *)", c._exit)  # called as _exit(status, arg): arg unused
     except (AttributeError, OSError) as exc:  # not glibc: nothing to arrange it with
         sys.stderr.write(f"pjrt-plugins: cannot skip the plugins' exit handlers ({exc}); the exit may crash\n")
         return
+    try:
+        # At exit(): on_exit(exit_now, <unused>), from the main thread's thread-local destructors. In the
+        # SysV calling conventions (x86-64, AArch64) the unused argument register is ignored, as _exit
+        # ignores the arg it is called with.
+        register_then = libc.cast("void (*)(void *)", c.on_exit)
+        if c.__cxa_thread_atexit_impl(register_then, libc.cast("void *", exit_now), libc.NULL) != 0:
+            raise OSError("__cxa_thread_atexit_impl failed")
+    except (AttributeError, OSError):  # an older C library: register it now, newest of those registered so far
+        c.on_exit(exit_now, libc.NULL)
     sys.stderr.write(
         f"pjrt-plugins: {pending} execution(s) given up on are still running in a plugin; "
         "exiting without running the plugins' exit handlers\n"
