@@ -406,9 +406,9 @@ def _end_before_plugin_destructors() -> None:
     plugin's thread still running a program can register one at any time: a static it initializes
     lazily (oneDNN's gemm kernels on the CPU plugin's first dot) registers its destructor when it is
     built, possibly after Python began exiting, and that destructor then ran first and freed the
-    kernels the thread was still building (SIGSEGV). So the ``_exit`` handler is registered at the
-    start of ``exit()`` itself, from a destructor of the main thread's thread-locals, which glibc runs
-    before the exit handlers: it is then the newest. An uncaught KeyboardInterrupt never reaches
+    kernels the thread was still building (SIGSEGV). So the ``_exit`` handler is registered now and
+    again at the start of ``exit()`` itself, from a destructor of the main thread's thread-locals,
+    which glibc runs before the exit handlers: it is then the newest. An uncaught KeyboardInterrupt never reaches
     ``exit()``: Python ends with SIGINT then, which runs no destructors either.
     """
     pending = abandoned_waits() + _left_running
@@ -421,19 +421,20 @@ def _end_before_plugin_destructors() -> None:
     )
     try:
         c = libc.dlopen(None)
+        on_exit = c.on_exit
         exit_now = libc.cast("void (*)(int, void *)", c._exit)  # called as _exit(status, arg): arg unused
     except (AttributeError, OSError) as exc:  # not glibc: nothing to arrange it with
         sys.stderr.write(f"pjrt-plugins: cannot skip the plugins' exit handlers ({exc}); the exit may crash\n")
         return
+    on_exit(exit_now, libc.NULL)  # now: the newest so far (and what an exit() on another thread finds)
     try:
-        # At exit(): on_exit(exit_now, <unused>), from the main thread's thread-local destructors. In the
-        # SysV calling conventions (x86-64, AArch64) the unused argument register is ignored, as _exit
+        # Again at exit(): on_exit(exit_now, <unused>), from the main thread's thread-local destructors. In
+        # the SysV calling conventions (x86-64, AArch64) the unused argument register is ignored, as _exit
         # ignores the arg it is called with.
-        register_then = libc.cast("void (*)(void *)", c.on_exit)
-        if c.__cxa_thread_atexit_impl(register_then, libc.cast("void *", exit_now), libc.NULL) != 0:
-            raise OSError("__cxa_thread_atexit_impl failed")
-    except (AttributeError, OSError):  # an older C library: register it now, newest of those registered so far
-        c.on_exit(exit_now, libc.NULL)
+        register_then = libc.cast("void (*)(void *)", on_exit)
+        c.__cxa_thread_atexit_impl(register_then, libc.cast("void *", exit_now), libc.NULL)
+    except AttributeError:  # an older C library: the handler registered now has to do
+        pass
     sys.stderr.write(
         f"pjrt-plugins: {pending} execution(s) given up on are still running in a plugin; "
         "exiting without running the plugins' exit handlers\n"
