@@ -408,8 +408,8 @@ def _end_before_plugin_destructors() -> None:
     built, possibly after Python began exiting, and that destructor then ran first and freed the
     kernels the thread was still building (SIGSEGV). So the ``_exit`` handler is registered now and
     again at the start of ``exit()`` itself, from a destructor of the main thread's thread-locals,
-    which glibc runs before the exit handlers: it is then the newest. An uncaught KeyboardInterrupt never reaches
-    ``exit()``: Python ends with SIGINT then, which runs no destructors either.
+    which glibc runs before the exit handlers: it is then the newest. An uncaught KeyboardInterrupt
+    never reaches ``exit()``: Python ends with SIGINT then, which runs no destructors either.
     """
     pending = abandoned_waits() + _left_running
     if not pending:
