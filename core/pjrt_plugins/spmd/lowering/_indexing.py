@@ -145,10 +145,9 @@ def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values:
         input_batching_dims=[],
         scatter_indices_batching_dims=[],
         scattered_dims_to_operand_dims=[d],
-        index_vector_dim=1,
+        index_vector_dim=1,  # implicit: a [k, 1] index would be pinned replicated by _scatter_op (1 < devices)
     )
-    starts = em.reshape(flat, (k, 1))
-    op = _scatter_op(em, x, starts, upd, dnums)
+    op = _scatter_op(em, x, flat, upd, dnums)
     _scatter_region(op, x.dtype, reduce)
     return TensorValue(op.results[0], x.shape, x.dtype)
 
@@ -290,20 +289,29 @@ def _as_1d(em: Emitter, t: TensorValue) -> TensorValue:
 
 
 def gather_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue) -> TensorValue:
-    """torch.gather: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``d`` (a sparse gather)."""
+    """torch.gather: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``d`` (a sparse gather).
+
+    Every dimension but ``d`` is a batching dimension of the gather (``x`` cut to ``index``'s extent there, which
+    is all torch reads), so the partitioner keeps a sharded batch where it is; as a gather at full coordinates
+    (an iota per dimension beside the index) it gathered the coordinates on every device and all-reduced the
+    result."""
     if x.rank == 0:  # torch takes a 0-d tensor as one element along dim 0
         return em.reshape(gather_elements(em, _as_1d(em, x), 0, _as_1d(em, index)), index.shape)
     if index.numel == 0:  # nothing to gather, and stablehlo.gather refuses slices of a zero-size dimension
         return em.constant(0, x.dtype, index.shape)
-    starts = _full_index(em, index, d, x.shape[d])
+    extent = [x.shape[i] if i == d else index.shape[i] for i in range(x.rank)]
+    if list(x.shape) != extent:
+        x = em.slice(x, [0] * x.rank, extent, [1] * x.rank)
+    batch = [i for i in range(x.rank) if i != d]
     dnums = hlo.GatherDimensionNumbers.get(
         offset_dims=[],
-        collapsed_slice_dims=list(range(x.rank)),
-        operand_batching_dims=[],
-        start_indices_batching_dims=[],
-        start_index_map=list(range(x.rank)),
-        index_vector_dim=index.rank,
+        collapsed_slice_dims=[d],
+        operand_batching_dims=batch,
+        start_indices_batching_dims=batch,
+        start_index_map=[d],
+        index_vector_dim=index.rank,  # one coordinate per element: the implicit trailing dimension
     )
+    starts = _index_values(em, index, x.shape[d])
     v = hlo.gather(x.value, starts.value, dnums, [1] * x.rank, indices_are_sorted=False,
                    results=[tensor_type(index.shape, x.dtype)])
     return TensorValue(v, index.shape, x.dtype)
@@ -317,22 +325,41 @@ def take_along(em: Emitter, x: TensorValue, d: int, position: TensorValue) -> Te
 
 def scatter_elements(em: Emitter, x: TensorValue, d: int, index: TensorValue, src: TensorValue,
                      reduce: str | None) -> TensorValue:
-    """torch.scatter: ``x[..., index[i, j], ...] = src[i, j]`` along ``d``, or combined with ``reduce``."""
+    """torch.scatter: ``x[..., index[i, j], ...] = src[i, j]`` along ``d``, or combined with ``reduce``.
+
+    Where ``index`` spans ``x`` on every other dimension (the backward of a gather along the classes), those are
+    batching dimensions of the scatter, which the partitioner keeps sharded, as in :func:`gather_elements`."""
     if x.rank == 0:  # torch takes a 0-d tensor as one element along dim 0 (max/median/cummax's backward)
         r = scatter_elements(em, _as_1d(em, x), 0, _as_1d(em, index), _as_1d(em, src), reduce)
         return em.reshape(r, ())
-    starts = _full_index(em, index, d, x.shape[d])
     # src may be larger than index: only its leading index.shape block is used.
     if src.shape != index.shape:
         src = em.slice(src, [0] * src.rank, list(index.shape), [1] * src.rank)
-    dnums = hlo.ScatterDimensionNumbers.get(
-        update_window_dims=[],
-        inserted_window_dims=list(range(x.rank)),
-        input_batching_dims=[],
-        scatter_indices_batching_dims=[],
-        scattered_dims_to_operand_dims=list(range(x.rank)),
-        index_vector_dim=index.rank,
-    )
+    others = [i for i in range(x.rank) if i != d]
+    if all(index.shape[i] == x.shape[i] for i in others):
+        starts = _index_values(em, index, x.shape[d])
+        squeeze = index.shape[d] == 1 and x.rank > 1
+        if squeeze:  # one index per slice: d dropped, so no size-1 dimension pins it replicated
+            kept = tuple(index.shape[i] for i in others)
+            starts, src = em.reshape(starts, kept), em.reshape(src, kept)
+        dnums = hlo.ScatterDimensionNumbers.get(
+            update_window_dims=[],
+            inserted_window_dims=[d],
+            input_batching_dims=others,
+            scatter_indices_batching_dims=list(range(x.rank - 1)) if squeeze else others,
+            scattered_dims_to_operand_dims=[d],
+            index_vector_dim=starts.rank,
+        )
+    else:  # a smaller index block: full coordinates (an iota per dimension beside the index)
+        starts = _full_index(em, index, d, x.shape[d])
+        dnums = hlo.ScatterDimensionNumbers.get(
+            update_window_dims=[],
+            inserted_window_dims=list(range(x.rank)),
+            input_batching_dims=[],
+            scatter_indices_batching_dims=[],
+            scattered_dims_to_operand_dims=list(range(x.rank)),
+            index_vector_dim=index.rank,
+        )
     op = _scatter_op(em, x, starts, em.convert(src, x.dtype), dnums)
     _scatter_region(op, x.dtype, reduce)
     return TensorValue(op.results[0], x.shape, x.dtype)
