@@ -5,6 +5,8 @@ torch.gather, torch.scatter and an embedding's backward lower to a gather or sca
 batching dimensions (``operand_batching_dims``), and whose index has no size-1 dimension that would pin it
 replicated; as gathers at full coordinates (an iota per dimension beside the index) they all-gathered the indices
 and all-reduced the result. A training step's cross-entropy lost 3 collectives of 6 on a data-parallel mesh.
+A scatter into a batch-sharded KV cache (whose head count does not divide the devices) keeps the batch split
+under Shardy, which can pin just the uneven dimensions.
 """
 
 from __future__ import annotations
@@ -112,3 +114,25 @@ def test_scatter_of_one_element_per_row_of_a_vector(engine):
     out = torch.scatter(x.to("pjrt"), 0, index.to("pjrt"), src.to("pjrt"))
     assert_close("scatter", out.cpu(), torch.scatter(x, 0, index, src))
     assert_close("gather", torch.gather(x.to("pjrt"), 0, index.to("pjrt")).cpu(), torch.gather(x, 0, index))
+
+
+@pytest.mark.parametrize("name", ["shardy", "gspmd"])
+def test_a_kv_cache_update_of_a_batch_sharded_cache_keeps_the_batch_split(engine, partitioner, name):
+    # StaticCache.update: index_copy_ of the new positions along the sequence. Its 2 key/value heads do not divide
+    # the 8 devices, so a scatter pins that dimension unsplit; with Shardy's partial constraint the batch stays
+    # split, where pinning the whole cache replicated gathered it on every device at every decode step.
+    partitioner(name)
+    torch.manual_seed(0)
+    mesh = xs.Mesh(range(8), (8,), ("data",))
+    cache, states, positions = torch.randn(8, 2, 24, 16), torch.randn(8, 2, 3, 16), torch.tensor([5, 0, 23])
+    cd = xs.mark_sharding(cache.clone().to("pjrt"), mesh, ("data", None, None, None))
+    sd = xs.mark_sharding(states.to("pjrt"), mesh, ("data", None, None, None))
+    cd.index_copy_(2, positions.to("pjrt"), sd)
+    out = cd.cpu()
+    program = execution.last_program()
+    assert torch.equal(out, cache.clone().index_copy_(2, positions, states))
+    counts = _collectives(program.executable.optimized_hlo_text())
+    if program.lowered.partitioner == "shardy":
+        assert sum(counts.values()) == 0, counts
+    else:  # GSPMD's annotations cannot leave a dimension open: the whole update stays replicated
+        assert counts["all-gather"] >= 1, counts

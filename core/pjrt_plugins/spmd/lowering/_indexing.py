@@ -19,6 +19,7 @@ from ...errors import UnsupportedOpError
 from ._elementwise import floor_divide_int
 from ._emitter import Emitter, Operand, TensorValue, highest, lowest
 from ._mlir import tensor_type
+from ._sdy import keep_unsplit
 from ._table import lowers
 
 aten = torch.ops.aten
@@ -104,15 +105,21 @@ def _scatter_region(op: Any, dtype: torch.dtype, reduce: str | None) -> None:
 
 
 def _replicated_if_uneven(em: Emitter, v: TensorValue) -> TensorValue:
-    """``v`` pinned replicated when some sharding could split one of its dimensions unevenly.
+    """``v`` with the dimensions that some sharding could split unevenly pinned unsplit.
 
     XLA's SPMD partitioner aborts the process (``spmd_partitioner_util.h:117 Check failed``)
     on a scatter whose operand, indices or updates are tiled unevenly. A dimension that the
     device count divides is split evenly by every tiling (a tile count divides the device count).
+    With Shardy's annotations only the other dimensions are pinned (a partial constraint), so a
+    scatter into a batch-sharded tensor keeps its batch split (a KV cache's update gathered the whole
+    cache on every device when the whole operand was pinned); GSPMD's pin the whole value replicated.
     """
     n = em.options.num_partitions
-    if n <= 1 or all(size % n == 0 for size in v.shape):
+    uneven = [d for d, size in enumerate(v.shape) if size % n] if n > 1 else []
+    if not uneven:
         return v
+    if em.sdy_plan is not None:
+        return TensorValue(keep_unsplit(v.value, uneven), v.shape, v.dtype)
     return em.constrain(v, "{replicated}")
 
 

@@ -81,6 +81,15 @@ def sdy_sharding(plan: SdyPlan, spec: OpSharding | str, rank: int) -> ir.Attribu
         MESH_NAME, [sdy.DimensionShardingAttr.get([sdy.AxisRefAttr.get(a) for a in axes], True) for axes in dims])
 
 
+def keep_unsplit(value: ir.Value, dims: Sequence[int]) -> ir.Value:
+    """``value`` with dimensions ``dims`` pinned unsplit (closed, replicated) and the others left to propagation
+    (open): a partial ``sdy.sharding_constraint``, which GSPMD's annotations cannot express."""
+    rank = len(ir.RankedTensorType(value.type).shape)
+    closed = set(dims)
+    attr = sdy.TensorShardingAttr.get(MESH_NAME, [sdy.DimensionShardingAttr.get([], d in closed) for d in range(rank)])
+    return sdy.sharding_constraint(value, attr)
+
+
 def argument_attrs(plan: SdyPlan | None, shardings: Sequence[str], ranks: Sequence[int]) -> ir.ArrayAttr:
     """The arguments' attribute dictionaries: ``sdy.sharding`` with a plan, else ``mhlo.sharding``."""
     if plan is None:
