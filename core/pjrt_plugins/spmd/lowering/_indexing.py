@@ -152,7 +152,7 @@ def scatter_along(em: Emitter, x: TensorValue, d: int, idx: TensorValue, values:
         input_batching_dims=[],
         scatter_indices_batching_dims=[],
         scattered_dims_to_operand_dims=[d],
-        index_vector_dim=1,  # implicit: a [k, 1] index would be pinned replicated by _scatter_op (1 < devices)
+        index_vector_dim=1,  # implicit: _scatter_op would pin the size-1 dimension of a [k, 1] index (1 < devices)
     )
     op = _scatter_op(em, x, flat, upd, dnums)
     _scatter_region(op, x.dtype, reduce)
