@@ -6,10 +6,15 @@ batching dimensions (``operand_batching_dims``), and whose index has no size-1 d
 replicated; as gathers at full coordinates (an iota per dimension beside the index) they all-gathered the indices
 and all-reduced the result. A training step's cross-entropy lost 3 collectives of 6 on a data-parallel mesh.
 A scatter into a batch-sharded KV cache (whose head count does not divide the devices) keeps the batch split
-under Shardy, which can pin just the uneven dimensions.
+under Shardy, which can pin just the uneven dimensions. Inside a manual-sharding region a scatter is pinned
+nowhere (XLA aborted the process on the guard's replicated pin of a manual value).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -136,3 +141,32 @@ def test_a_kv_cache_update_of_a_batch_sharded_cache_keeps_the_batch_split(engine
         assert sum(counts.values()) == 0, counts
     else:  # GSPMD's annotations cannot leave a dimension open: the whole update stays replicated
         assert counts["all-gather"] >= 1, counts
+
+
+MANUAL_CHILD = textwrap.dedent('''
+    import torch, pjrt_plugins.spmd as xs
+    xs.set_plugin("cpu", options={"cpu_device_count": 8})
+    mesh = xs.Mesh(range(8), (8,), ("x",))
+    torch.manual_seed(0)
+    x, src, idx = torch.randn(16, 3), torch.randn(16, 3), torch.randint(0, 3, (16, 3))
+    rows = torch.tensor([2, 0, 1])
+
+    def local(t):
+        return xs.enable_manual_sharding(xs.mark_sharding(t.to("pjrt"), mesh, ("x", None)), ("x", None), mesh=mesh)
+
+    cases = {
+        "scatter_add": (lambda xl, il, sl: xl.scatter_add(1, il, sl), x.scatter_add(1, idx, src)),
+        "index_add": (lambda xl, il, sl: xl.index_add(1, rows.to("pjrt"), sl), x.index_add(1, rows, src)),
+    }
+    for name, (fn, ref) in cases.items():
+        out = xs.disable_manual_sharding(fn(local(x), local(idx), local(src)), ("x", None), (16, 3), mesh=mesh)
+        print(name, torch.allclose(out.cpu(), ref, atol=1e-6))
+''')
+
+
+def test_scatters_inside_a_manual_sharding_region_run_in_a_surviving_process():
+    # Each device's [2, 3] shard has dimensions the 8 devices do not divide: the uneven-scatter guard pinned them
+    # replicated, and XLA aborted the process on a replicated pin of a manual value (Check failed: !IsManual()).
+    proc = subprocess.run([sys.executable, "-c", MANUAL_CHILD], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"the process died ({proc.returncode}): {proc.stderr[-1500:]}"
+    assert proc.stdout.split() == ["scatter_add", "True", "index_add", "True"], proc.stdout

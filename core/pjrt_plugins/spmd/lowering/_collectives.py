@@ -343,13 +343,15 @@ def _refuse_outside_region(x: TensorValue, what: str) -> None:
     XLA would reject such a program with an internal error, or worse; ``spmd/collectives.py`` checks the same
     where the op is called, this catches what reaches the lowering another way.
     """
-    if not _in_region(x.value):
+    if not in_manual_region(x.value):
         raise ShardingError(f"{what} is a collective of a manual-sharding region, but its operand is not a value "
                             "of one: make it from xs.enable_manual_sharding(...)'s result (and call "
                             "xs.disable_manual_sharding only after the collective)")
 
 
-def _in_region(value: ir.Value) -> bool:
+def in_manual_region(value: ir.Value) -> bool:
+    """Whether ``value`` is a value of a manual-sharding region: it derives from a region's input
+    (``SPMDFullToShardShape``) or a ``{manual}`` argument without leaving the region on the way."""
     stack, seen = [value], set()
     while stack:
         v = stack.pop()

@@ -16,6 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from ...errors import UnsupportedOpError
+from ._collectives import in_manual_region
 from ._elementwise import floor_divide_int
 from ._emitter import Emitter, Operand, TensorValue, highest, lowest
 from ._mlir import tensor_type
@@ -113,6 +114,8 @@ def _replicated_if_uneven(em: Emitter, v: TensorValue) -> TensorValue:
     With Shardy's annotations only the other dimensions are pinned (a partial constraint), so a
     scatter into a batch-sharded tensor keeps its batch split (a KV cache's update gathered the whole
     cache on every device when the whole operand was pinned); GSPMD's pin the whole value replicated.
+    A value of a manual-sharding region (GSPMD) is left alone: it is one device's own, nothing partitions
+    it, and XLA aborts on a replicated pin of a manual value (``hlo_sharding.cc Check failed: !IsManual()``).
     """
     n = em.options.num_partitions
     uneven = [d for d, size in enumerate(v.shape) if size % n] if n > 1 else []
@@ -120,6 +123,8 @@ def _replicated_if_uneven(em: Emitter, v: TensorValue) -> TensorValue:
         return v
     if em.sdy_plan is not None:
         return TensorValue(keep_unsplit(v.value, uneven), v.shape, v.dtype)
+    if in_manual_region(v.value):
+        return v
     return em.constrain(v, "{replicated}")
 
 
