@@ -1,8 +1,13 @@
 """Manual-sharding regions on the real CPU plugin (8 devices): entering and leaving one, each collective with
 replica groups checked against numpy, {manual} values as program outputs and inputs, and the errors raised
-before XLA sees a program (wrong replica groups, a collective outside a region, shards that do not divide)."""
+before XLA sees a program (wrong replica groups, a collective outside a region, shards that do not divide, a
+sharding mark inside a region)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -344,3 +349,29 @@ def test_a_region_on_a_one_device_mesh_runs_across_a_sync(one_device):
     out.sum().backward()
     assert torch.equal(out.detach().cpu(), 2 * torch.arange(8.0).reshape(2, 4))
     assert torch.equal(x.grad.cpu(), torch.full((2, 4), 2.0))
+
+
+MARK_IN_REGION_CHILD = textwrap.dedent('''
+    import torch, pjrt_plugins.spmd as xs
+    from pjrt_plugins.errors import ShardingError
+    xs.set_plugin("cpu", options={"cpu_device_count": 8})
+    mesh = xs.Mesh(range(8), (8,), ("x",))
+    x = torch.randn(16, 8)
+    local = xs.enable_manual_sharding(xs.mark_sharding(x.to("pjrt"), mesh, ("x", None)), ("x", None), mesh=mesh)
+    try:
+        marked = xs.mark_sharding(local * 2, mesh, (None, "x"))
+        xs.disable_manual_sharding(marked, ("x", None), (16, 8), mesh=mesh).cpu()
+        print("no error")
+    except ShardingError as exc:
+        print("refused:", exc)
+    print("after:", torch.equal((torch.ones(4).to("pjrt") + 1).cpu(), torch.full((4,), 2.0)))
+''')
+
+
+def test_a_sharding_mark_inside_a_region_is_refused_in_a_surviving_process():
+    # XLA aborted the process on it (hlo_sharding.cc Check failed: !IsManual()); now the lowering refuses it.
+    proc = subprocess.run([sys.executable, "-c", MARK_IN_REGION_CHILD], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"the process died ({proc.returncode}): {proc.stderr[-1500:]}"
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("refused: mark_sharding on a value of a manual-sharding region"), proc.stdout
+    assert lines[1] == "after: True", proc.stdout

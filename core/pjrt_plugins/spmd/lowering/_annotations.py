@@ -19,6 +19,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
+from ._collectives import refuse_mark_in_region
 from ._emitter import Emitter, TensorValue
 from ._table import REBINDING_OPS, lowers
 
@@ -94,6 +95,7 @@ torch.library.register_autograd("pjrt::optimization_barrier", _pass_gradient_lis
 def _lower_sharding_constraint(em: Emitter, out: torch.Tensor, x: TensorValue, sharding: str) -> TensorValue:
     if em.options.num_partitions == 1:
         return x
+    refuse_mark_in_region(em, x)
     return em.constrain(x, sharding)
 
 

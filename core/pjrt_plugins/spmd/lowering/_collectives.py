@@ -349,6 +349,16 @@ def _refuse_outside_region(x: TensorValue, what: str) -> None:
                             "xs.disable_manual_sharding only after the collective)")
 
 
+def refuse_mark_in_region(em: Emitter, x: TensorValue) -> None:
+    """Raise :class:`ShardingError` for a sharding mark on a value of a manual-sharding region, which XLA would
+    answer by aborting the process (``hlo_sharding.cc Check failed: !IsManual()``): such a value is one device's
+    own shard, which no partitioner lays out."""
+    if em.has_manual_regions and in_manual_region(x.value):
+        raise ShardingError("mark_sharding on a value of a manual-sharding region: inside the region each device "
+                            "holds its own shard and the partitioner lays nothing out; mark the tensor before "
+                            "xs.enable_manual_sharding or after xs.disable_manual_sharding")
+
+
 def in_manual_region(value: ir.Value) -> bool:
     """Whether ``value`` is a value of a manual-sharding region: it derives from a region's input
     (``SPMDFullToShardShape``) or a ``{manual}`` argument without leaving the region on the way."""

@@ -130,6 +130,9 @@ class Emitter:
         self.shard_groups = 0
         #: The program's Shardy plan (its mesh and shardings), or None for GSPMD annotations.
         self.sdy_plan: SdyPlan | None = None
+        #: Whether the program has a manual-sharding region (then it has GSPMD annotations): only then can a value
+        #: be a region's, which some lowerings must not pin (``_collectives.in_manual_region``).
+        self.has_manual_regions = False
         #: Reshapes that merged a tensor's leading dimensions into one, by result: the tensor before the merge.
         #: torch's matmul of 4-D tensors views them as 3-D for bmm; see :meth:`batched_matmul`.
         self._merged: dict[ir.Value, TensorValue] = {}

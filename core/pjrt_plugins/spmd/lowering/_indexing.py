@@ -123,7 +123,7 @@ def _replicated_if_uneven(em: Emitter, v: TensorValue) -> TensorValue:
         return v
     if em.sdy_plan is not None:
         return TensorValue(keep_unsplit(v.value, uneven), v.shape, v.dtype)
-    if in_manual_region(v.value):
+    if em.has_manual_regions and in_manual_region(v.value):
         return v
     return em.constrain(v, "{replicated}")
 

@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ...errors import LoweringError, UnsupportedOpError
 from ..sharding import OpSharding
-from ._collectives import COLLECTIVES, FULL_TO_SHARD, SHARD_TO_FULL
+from ._collectives import COLLECTIVES, FULL_TO_SHARD, SHARD_TO_FULL, refuse_mark_in_region
 from ._decompose import decomposition_for, expand_graph, trace_decomposition, writes_an_input
 from ._emitter import Emitter, LoweringOptions, TensorValue
 from ._mlir import dense_attr, make_context, tensor_type
@@ -170,6 +170,7 @@ def _lower_graph(graph: fx.Graph, options: LoweringOptions) -> LoweredModule:
         keys_arg = len(placeholders) if uses_rng else key_table
         em = Emitter(options)
         em.sdy_plan = plan
+        em.has_manual_regions = partitioned and manual is not None
         if keys_arg is not None:
             keys = block.arguments[keys_arg]
             em.rng_keys = TensorValue(keys, tuple(ir.RankedTensorType(keys.type).shape), RNG_KEY_DTYPE)
@@ -363,6 +364,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     _check_result(name, node, out, result)
     spec = sharding_string(node.meta.get("sharding"))
     if spec is not None and partitioned and isinstance(result, TensorValue):
+        refuse_mark_in_region(em, result)
         result = em.constrain(result, spec)
     return result
 
