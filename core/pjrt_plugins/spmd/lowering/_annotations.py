@@ -95,7 +95,7 @@ torch.library.register_autograd("pjrt::optimization_barrier", _pass_gradient_lis
 def _lower_sharding_constraint(em: Emitter, out: torch.Tensor, x: TensorValue, sharding: str) -> TensorValue:
     if em.options.num_partitions == 1:
         return x
-    refuse_mark_in_region(em, x)
+    refuse_mark_in_region(em, x, sharding)
     return em.constrain(x, sharding)
 
 

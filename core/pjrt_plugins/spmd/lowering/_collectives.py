@@ -349,11 +349,14 @@ def _refuse_outside_region(x: TensorValue, what: str) -> None:
                             "xs.disable_manual_sharding only after the collective)")
 
 
-def refuse_mark_in_region(em: Emitter, x: TensorValue) -> None:
-    """Raise :class:`ShardingError` for a sharding mark on a value of a manual-sharding region, which XLA would
-    answer by aborting the process (``hlo_sharding.cc Check failed: !IsManual()``): such a value is one device's
-    own shard, which no partitioner lays out."""
-    if em.has_manual_regions and in_manual_region(x.value):
+def refuse_mark_in_region(em: Emitter, x: TensorValue, spec: OpSharding | str) -> None:
+    """Raise :class:`ShardingError` for a sharding mark ``spec`` on a value of a manual-sharding region, which XLA
+    would answer by aborting the process (``hlo_sharding.cc Check failed: !IsManual()``): such a value is one
+    device's own shard, which no partitioner lays out. ``{manual}`` itself is what the value is, and passes."""
+    if not em.has_manual_regions:
+        return
+    manual = spec.is_manual if isinstance(spec, OpSharding) else parse_sharding(spec).is_manual
+    if not manual and in_manual_region(x.value):
         raise ShardingError("mark_sharding on a value of a manual-sharding region: inside the region each device "
                             "holds its own shard and the partitioner lays nothing out; mark the tensor before "
                             "xs.enable_manual_sharding or after xs.disable_manual_sharding")

@@ -364,7 +364,7 @@ def _lower_node(em: Emitter, node: fx.Node, env: dict[fx.Node, Any], counts: dic
     _check_result(name, node, out, result)
     spec = sharding_string(node.meta.get("sharding"))
     if spec is not None and partitioned and isinstance(result, TensorValue):
-        refuse_mark_in_region(em, result)
+        refuse_mark_in_region(em, result, spec)
         result = em.constrain(result, spec)
     return result
 
