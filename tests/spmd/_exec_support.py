@@ -49,6 +49,16 @@ def engine() -> Any:
     xs.set_cpu_fallback(True)
 
 
+@pytest.fixture
+def partitioner() -> Iterator[Callable[..., Any]]:
+    """``xs.set_partitioner`` for the test; restores the switch and forgets probe answers and compiled programs
+    after it."""
+    yield xs.set_partitioner
+    xs.set_partitioner(None)
+    execution.reset_partitioner_probes()
+    execution.clear_compile_cache()
+
+
 def spec(*partition: Any, mesh_shape: Sequence[int] = MESH_SHAPE) -> OpSharding:
     """The sharding of a partition spec on a mesh over devices 0..7."""
     return OpSharding.from_partition_spec(tuple(mesh_shape), range(NUM_DEVICES), partition)

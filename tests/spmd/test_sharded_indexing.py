@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import pjrt_plugins.spmd as xs
 from pjrt_plugins.spmd import execution
 
-from _exec_support import assert_close, engine  # noqa: F401
+from _exec_support import assert_close, engine, partitioner  # noqa: F401
 
 COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
 
@@ -32,14 +32,6 @@ def _collectives(hlo: str) -> dict[str, int]:
     """How many instructions of each collective kind an optimized module runs (async pairs counted once)."""
     return {kind: sum(f" {kind}(" in line or f" {kind}-start(" in line for line in hlo.splitlines())
             for kind in COLLECTIVES}
-
-
-@pytest.fixture
-def partitioner():
-    yield xs.set_partitioner
-    xs.set_partitioner(None)
-    execution.reset_partitioner_probes()
-    execution.clear_compile_cache()
 
 
 @pytest.mark.parametrize("name", ["shardy", "gspmd"])

@@ -21,21 +21,12 @@ from pjrt_plugins.spmd import execution
 from pjrt_plugins.spmd.lowering import LoweringOptions, lower_graph
 from pjrt_plugins.spmd.sharding import Mesh, OpSharding, plan_sdy
 
-from _exec_support import assert_close, engine, spec, trace  # noqa: F401
+from _exec_support import assert_close, engine, partitioner, spec, trace  # noqa: F401
 from test_exec_training import _batches, _mlp, _shard_mlp, _train
 from test_models import GPT, _megatron
 from test_quiet_step import STEP
 
 DEPRECATION = "GSPMD sharding propagation is going to be deprecated"
-
-
-@pytest.fixture
-def partitioner():
-    """Restores the partitioner switch and forgets probe answers after the test."""
-    yield xs.set_partitioner
-    xs.set_partitioner(None)
-    execution.reset_partitioner_probes()
-    execution.clear_compile_cache()
 
 
 def _user(mesh: Mesh) -> tuple:
