@@ -4,7 +4,7 @@ a sharded batch where it is (no collective moves the indices).
 torch.gather, torch.scatter and an embedding's backward lower to a gather or scatter whose other dimensions are
 batching dimensions (``operand_batching_dims``), and whose index has no size-1 dimension that would pin it
 replicated; as gathers at full coordinates (an iota per dimension beside the index) they all-gathered the indices
-and all-reduced the result. A training step's cross-entropy lost 3 collectives of 6 on a data-parallel mesh.
+and all-reduced the result. A data-parallel training step lost 4 collectives of 6 (its loss and embedding).
 A scatter into a batch-sharded KV cache (whose head count does not divide the devices) keeps the batch split
 under Shardy, which can pin just the uneven dimensions. Inside a manual-sharding region a scatter is pinned
 nowhere (XLA aborted the process on the guard's replicated pin of a manual value).
@@ -79,14 +79,14 @@ def test_embedding_backward_of_sharded_ids_gathers_no_ids(engine):
     ((16, 24), (16, 3), 1, ("data", "model")),      # the gathered dimension sharded too (vocabulary-parallel)
     ((16, 24), (10, 3), 1, ("data", None)),         # an index smaller than x on a batch dimension: x is cut
     ((6, 10, 24), (6, 10, 1), 2, (None, "data", None)),
-    ((16, 24), (5, 24), 0, (None, "model")),        # along the sharded-free dimension, another one sharded
+    ((16, 24), (5, 24), 0, (None, "model")),        # along the unsharded dimension, the other one sharded
     ((13, 24), (13, 1), 1, ("data", None)),         # 13 rows over 2: uneven shards
 ])
 def test_gather_and_scatter_of_sharded_tensors_match_the_cpu(engine, shape, index_shape, dim, partition):
     torch.manual_seed(0)
     mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
     x = torch.randn(shape)
-    index = torch.randint(-0, shape[dim], index_shape)
+    index = torch.randint(0, shape[dim], index_shape)
     src = torch.randn(index_shape)
     xd = xs.mark_sharding(x.to("pjrt").requires_grad_(), mesh, partition)
     idd, sd = index.to("pjrt"), src.to("pjrt")
