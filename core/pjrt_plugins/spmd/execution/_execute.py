@@ -23,12 +23,14 @@ __all__ = ["describe_program", "execute_program", "run_graph"]
 
 
 def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]],
-                    vd: VirtualDevice | None = None) -> list[list[Any]]:
+                    vd: VirtualDevice | None = None, spent: Sequence[Sequence[Any]] = ()) -> list[list[Any]]:
     """Run ``program``; ``inputs[i][ordinal]`` is input ``i``'s buffer on each device.
 
     Returns ``outputs[j][ordinal]``: output ``j``'s buffer on each device, laid out by
     ``program.output_shardings[j]``. The RNG key argument of a graph that had none is added
-    here: keys of the device RNG stream drawn now, one per random op.
+    here: keys of the device RNG stream drawn now, one per random op. ``spent``: columns of
+    buffers (``spent[k][ordinal]``, the donated inputs) that the caller gives up: the run frees
+    them, and their objects may come back as outputs (``LoadedExecutable.execute``'s ``recycle``).
     """
     vd = vd if vd is not None else virtual_device()
     n_dev = len(vd.devices)
@@ -44,9 +46,13 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]],
             raise LoweringError(f"internal: input {i} is not on every device")
     by_ordinal = list(zip(*columns)) if columns else [()] * n_dev  # each device's arguments, transposed in C
     args = [by_ordinal[ordinal] for ordinal in program.device_order]
+    recycle = None
+    if spent:
+        spent_by_ordinal = list(zip(*spent))
+        recycle = [spent_by_ordinal[ordinal] for ordinal in program.device_order]
     t0 = time.perf_counter()
     try:
-        outs = program.executable.execute(args)
+        outs = program.executable.execute(args, recycle=recycle)
     except ExecutionStuckError as exc:
         if hasattr(exc, "add_note"):  # Python 3.11+
             exc.add_note(f"in the SPMD program {describe_program(program)}")

@@ -291,14 +291,13 @@ def _execute(trace: Trace) -> RunRecord | None:
         donated = donated_inputs(trace, holders, outputs, pins, columns, known)
     program, donated = program_for_run(trace, base, outputs, pins, donated, vd, options)
     realign_inputs(program, trace, columns, vd)
+    spent = [columns[k] for k, _ in donated]  # the plugin owns those buffers' memory: freed by the run
     t1 = time.perf_counter()
-    results = execute_program(program, columns, vd)
+    results = execute_program(program, columns, vd, spent)
     t2 = time.perf_counter()
-    spent: list[Any] = []
-    for k, _ in donated:  # the plugin owns those buffers' memory now: drop them unread
-        spent += columns[k]
+    for k, _ in donated:
         trace.inputs[k].buffers = []
-    store_results(trace, program, outputs, [holders[index] for index in outputs], results, vd, spent)
+    store_results(trace, program, outputs, [holders[index] for index in outputs], results, vd, len(donated))
     ENGINE.last_timings.update(key=t1 - t0, execute=t2 - t1, after=time.perf_counter() - t2)
     logger.debug("ran %d ops with %d inputs and %d outputs", trace.ops, len(columns), len(outputs))
     return RunRecord(outputs, holders, pins, base, donated, program)
@@ -322,9 +321,9 @@ def program_for_run(trace: Trace, base: tuple, outputs: list[int], pins: dict[in
 
 
 def store_results(trace: Trace, program: CompiledProgram, outputs: list[int], holders: list[list[TensorData]],
-                  results: list[list[Any]], vd: VirtualDevice, spent: list[Any]) -> None:
-    """Give output ``j``'s buffers to each TensorData of ``holders[j]``, then free the ``spent`` (donated) input
-    buffers, which nothing else holds (``_donation``): in one call, not one finalizer each."""
+                  results: list[list[Any]], vd: VirtualDevice, donated: int) -> None:
+    """Give output ``j``'s buffers to each TensorData of ``holders[j]``; ``donated``: how many inputs the run
+    took over (their buffers were freed by it, see ``execute_program``'s ``spent``)."""
     generation = vd.generation
     single = program.lowered.num_partitions == 1
     for j, index in enumerate(outputs):
@@ -336,9 +335,5 @@ def store_results(trace: Trace, program: CompiledProgram, outputs: list[int], ho
             data.set_device(buffers, spec, generation)
             if data.annotation is None:
                 data.annotation = spec
-    if spent:
-        count("donated_buffers", len(spent))
-        try:
-            vd.client.delete_buffers(spent)
-        except PjrtError as exc:  # the plugin failed to free a handle it had already given to the output
-            logger.warning("freeing the donated input buffers failed: %s", exc)
+    if donated:
+        count("donated_buffers", donated * len(vd.devices))

@@ -231,13 +231,11 @@ def replay(recording: Recording, args: Sequence[TensorData | None]) -> list[Tens
         if donated and not (donation_enabled() and columns_unshared(columns, [k for k, _ in donated])):
             program, donated = _undonated(recording, vd), ()
         realign_inputs(program, trace, columns, vd)
+        spent = [columns[k] for k, _ in donated]
         t1 = time.perf_counter()
-        results = execute_program(program, columns, vd)
+        results = execute_program(program, columns, vd, spent)
         t2 = time.perf_counter()
-        spent: list[Any] = []
-        for k, _ in donated:
-            spent += columns[k]
-        del columns, sources
+        del columns, sources, spent
         made: list[TensorData | None] = [None] * recording.results
         holders: list[list[TensorData]] = []
         for j, index in enumerate(recording.outputs):
@@ -254,7 +252,7 @@ def replay(recording: Recording, args: Sequence[TensorData | None]) -> list[Tens
         for r, data in enumerate(made):
             if data is None:
                 raise ReplayMiss(f"internal: result {r} of the recorded step has no output")
-        store_results(trace, program, recording.outputs, holders, results, vd, spent)
+        store_results(trace, program, recording.outputs, holders, results, vd, len(donated))
         ENGINE.last_timings.update(key=t1 - t0, execute=t2 - t1, after=time.perf_counter() - t2)
         return made
 
