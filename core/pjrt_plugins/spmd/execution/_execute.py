@@ -30,7 +30,7 @@ def execute_program(program: CompiledProgram, inputs: Sequence[Sequence[Any]],
     ``program.output_shardings[j]``. The RNG key argument of a graph that had none is added
     here: keys of the device RNG stream drawn now, one per random op. ``spent``: columns of
     buffers (``spent[k][ordinal]``, the donated inputs) that the caller gives up: the run frees
-    them, and their objects may come back as outputs (``LoadedExecutable.execute``'s ``recycle``).
+    them, and their objects may come back as outputs (``Executable.execute``'s ``recycle``).
     """
     vd = vd if vd is not None else virtual_device()
     n_dev = len(vd.devices)
