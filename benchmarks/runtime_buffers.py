@@ -11,6 +11,9 @@ baseline measured in the same run:
 - free: dropping the outputs (``Buffer.__del__``: registry, destroy) and deleting them in one batch
   (``client.delete_buffers``: one call of the compiled fast path for all, what the SPMD engine does with the
   buffers a step donated), against the plugin's bare ``PJRT_Buffer_Destroy`` calls in a loop;
+- a steady loop, each execute's outputs replacing the last one's (what a replayed training step does with its
+  state): the old outputs freed in one batch after the execute, against ``execute(recycle=old outputs)``, which
+  makes the old Buffer objects the new outputs' wrappers and destroys the old handles in one C call;
 - jax: the same N-output program under ``jax.jit`` on 8 CPU devices, in a child process (its own
   XLA flags), as the reference for execute and free per output buffer.
 
@@ -157,17 +160,31 @@ def main() -> None:
                 raise RuntimeError("PJRT_Buffer_Destroy failed")
         return time.perf_counter() - t
 
+    kept = {"plain": many.execute(inputs), "recycled": many.execute(inputs)}  # each loop's last outputs
+
+    def loop_plain() -> float:
+        t = time.perf_counter()
+        out = many.execute(inputs)
+        client.delete_buffers([buf for row in kept["plain"] for buf in row])
+        kept["plain"] = out  # the deleted Buffer objects go
+        return time.perf_counter() - t
+
+    def loop_recycled() -> float:
+        t = time.perf_counter()
+        kept["recycled"] = many.execute(inputs, recycle=kept["recycled"])
+        return time.perf_counter() - t
+
+    cases = {"one": lambda: execute(one), "many": lambda: execute(many), "wrap": wrap, "free": free,
+             "batch": free_batch, "raw": raw_destroy, "loop": loop_plain, "recycled": loop_recycled}
     for _ in range(20):  # warm up
-        execute(one), execute(many), wrap(), free(), free_batch(), raw_destroy()
-    rows: dict[str, list[float]] = {k: [] for k in ("one", "many", "wrap", "free", "batch", "raw")}
+        for case in cases.values():
+            case()
+    rows: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(args.rounds):  # interleaved: load changes hit every case alike
-        rows["one"].append(execute(one))
-        rows["many"].append(execute(many))
-        rows["wrap"].append(wrap())
-        rows["free"].append(free())
-        rows["batch"].append(free_batch())
-        rows["raw"].append(raw_destroy())
+        for name, case in cases.items():
+            rows[name].append(case())
     med = {k: statistics.median(v) for k, v in rows.items()}
+    kept.clear()
     client.close()
     jax = jax_costs(n, args.rounds)
 
@@ -184,12 +201,16 @@ def main() -> None:
     print(table.row("free (drop the outputs)", med["free"] * 1e6, med["free"] / buffers * 1e6))
     print(table.row("free in one batch (client.delete_buffers)", med["batch"] * 1e6, med["batch"] / buffers * 1e6))
     print(table.row("  baseline: bare PJRT_Buffer_Destroy loop", med["raw"] * 1e6, med["raw"] / buffers * 1e6))
+    print(table.row("loop: execute, then free the last outputs", med["loop"] * 1e6, med["loop"] / buffers * 1e6))
+    print(table.row("loop: execute(recycle=the last outputs)", med["recycled"] * 1e6,
+                    med["recycled"] / buffers * 1e6))
     if jax is not None:
         print(table.row("jax.jit execute, 1 output", jax["one"] * 1e6, float("nan")))
         print(table.row(f"jax.jit execute, {n} outputs", jax["many"] * 1e6, jax["many"] / buffers * 1e6))
         print(table.row("  per extra output buffer", float("nan"),
                         (jax["many"] - jax["one"]) / ((n - 1) * DEVICES) * 1e6))
         print(table.row("jax free (drop the outputs)", jax["free"] * 1e6, jax["free"] / buffers * 1e6))
+    print(f"loop, recycled / freed: {med['recycled'] / med['loop']:.2f}")
 
 
 if __name__ == "__main__":
