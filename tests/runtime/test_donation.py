@@ -148,6 +148,22 @@ def test_recycled_buffers_of_each_device_wrap_that_devices_outputs(client8):
         np.testing.assert_array_equal(shards[i][0].to_numpy(), x[2 * i: 2 * i + 2])  # arguments untouched
 
 
+def test_a_given_up_argument_the_program_still_reads_is_recycled_safely(client8):
+    """The old handles are destroyed while the program runs (PJRT frees a buffer's memory once the executions
+    using it are done): a given-up argument that is not donated is still read whole."""
+    x = np.arange(4096, dtype=np.float32) - 2000
+    exe = client8.compile(spmd_square_and_sum(8, 4096), CompileOptions(num_partitions=8, use_spmd_partitioning=True))
+    devices = exe.addressable_devices
+    uploads = [[client8.buffer_from_host(x[512 * i: 512 * (i + 1)], device=d)] for i, d in enumerate(devices)]
+    shards = [[square] for square, _ in exe.execute(uploads)]  # computed buffers (uploads are not reused)
+    squares = x * x
+    outs = exe.execute(shards, recycle=shards)  # each argument given up while the program reads it
+    for i, (square, total) in enumerate(outs):
+        assert square is shards[i][0]
+        np.testing.assert_array_equal(square.to_numpy(), (squares * squares)[512 * i: 512 * (i + 1)])
+        assert total.to_numpy() == pytest.approx(float((squares.astype(np.float64) ** 2).sum()), rel=1e-4)
+
+
 def test_given_up_buffers_not_needed_for_outputs_are_deleted(client8):
     exe = client8.compile(DONATING_ADD)
     x = _computed(client8, _f32([1, 2, 3, 4]))

@@ -545,6 +545,9 @@ class Executable(OwnedHandle):
                         rest.append(candidate)
                     row.append(reused if reused is not None else Buffer(client, ptr, shape, dtype, read, wait))
                 outputs.append(row)
+            if old:  # while the program runs: a destroyed handle's memory stays until the execution is done with it
+                free_recycled(client, old, [])
+                old = []
             if not complete:
                 self._refuse_missing_outputs(frame, status, outputs, device, wait, token)
             if wait and status:  # not finished by the fast path, or finished with errors
