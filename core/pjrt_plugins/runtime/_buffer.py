@@ -529,11 +529,7 @@ def delete_buffers(client: Client, buffers: Iterable[Buffer]) -> None:
     finalizer at a time costs about 1 us of Python each (``benchmarks/runtime_buffers.py``).
     """
     batch = list(buffers)
-    for buf in batch:
-        if type(buf) is not Buffer and not isinstance(buf, Buffer):
-            raise TypeError(f"delete_buffers takes Buffers, got a {type(buf).__name__}")
-        if buf._client is not client:
-            raise ValueError("delete_buffers takes buffers of one client: this buffer belongs to another")
+    _check_buffers_of(client, batch, "delete_buffers", "one client")
     with pin_lock:  # no pin can be taken between the check and the buffers being marked deleted
         viewed = sum(1 for buf in batch if buf._pins)
         if viewed:
@@ -581,6 +577,16 @@ def delete_buffers(client: Client, buffers: Iterable[Buffer]) -> None:
         raise first
 
 
+def _check_buffers_of(client: Client, buffers: list[Buffer], taker: str, whose: str) -> None:
+    """Raise ``TypeError`` for an item of ``buffers`` that is not a Buffer and ``ValueError`` for one of another
+    client than ``client`` (what ``taker`` takes: buffers of ``whose``)."""
+    for buf in buffers:
+        if type(buf) is not Buffer and not isinstance(buf, Buffer):
+            raise TypeError(f"{taker} takes Buffers, got a {type(buf).__name__}")
+        if buf._client is not client:
+            raise ValueError(f"{taker} takes buffers of {whose}: this buffer belongs to another")
+
+
 def recycling_pools(client: Client, recycle: Sequence[Sequence[Buffer]], num_devices: int) -> list[list[Buffer]]:
     """``recycle`` (buffers an execute's caller gives up, one list per device) checked before anything runs.
 
@@ -594,13 +600,9 @@ def recycling_pools(client: Client, recycle: Sequence[Sequence[Buffer]], num_dev
     seen: set[int] = set()
     for row in recycle:
         pool = list(row)
-        for buf in pool:
-            if type(buf) is not Buffer and not isinstance(buf, Buffer):
-                raise TypeError(f"recycle takes Buffers, got a {type(buf).__name__}")
-            if buf._client is not client:
-                raise ValueError("recycle takes buffers of the executable's client: this buffer belongs to another")
-            if buf._pins:
-                raise BufferViewedError("cannot recycle a buffer whose host view is alive; drop the view first")
+        _check_buffers_of(client, pool, "recycle", "the executable's client")
+        if any(buf._pins for buf in pool):
+            raise BufferViewedError("cannot recycle a buffer whose host view is alive; drop the view first")
         seen.update(map(id, pool))
         pools.append(pool)
     if len(seen) != sum(map(len, pools)):  # reused twice, one object would wrap two outputs
