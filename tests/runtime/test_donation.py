@@ -69,7 +69,9 @@ def test_the_same_buffer_donated_and_read_in_one_call_is_refused(client8):
     np.testing.assert_array_equal(x.to_numpy(), [1, 2, 3, 4])  # refused before anything ran
 
 
-def test_donation_without_the_compiled_fast_path(cpu_library_path):
+def _run_without_the_fast_path(cpu_library_path, body: str) -> None:
+    """Run ``body`` in a child with ``PJRT_PLUGINS_FASTPATH=0``; it finds ``np``, ``PjrtError``, a one-device CPU
+    ``client`` and ``exe`` (DONATING_ADD), and must leave the client closable."""
     code = textwrap.dedent(f"""
         import numpy as np
         from pjrt_plugins.runtime import Client, PjrtError, _fastpath
@@ -77,6 +79,15 @@ def test_donation_without_the_compiled_fast_path(cpu_library_path):
         client = Client({str(cpu_library_path)!r}, {{"cpu_device_count": 1}}, schema={{"cpu_device_count": int}},
                         plugin_name="cpu")
         exe = client.compile({DONATING_ADD!r})
+    """) + textwrap.dedent(body) + "client.close()\nprint('ok')\n"
+    env = dict(os.environ, PJRT_PLUGINS_FASTPATH="0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_donation_without_the_compiled_fast_path(cpu_library_path):
+    _run_without_the_fast_path(cpu_library_path, """
         x = client.buffer_from_host(np.arange(4, dtype=np.float32))
         y = client.buffer_from_host(np.ones(4, dtype=np.float32))
         [[out]] = exe.execute([[x, y]])
@@ -89,13 +100,7 @@ def test_donation_without_the_compiled_fast_path(cpu_library_path):
         else:
             raise AssertionError("a donated buffer was read")
         del x, out
-        client.close()
-        print("ok")
     """)
-    env = dict(os.environ, PJRT_PLUGINS_FASTPATH="0")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("ok")
 
 
 # -- recycling given-up buffers (execute(recycle=...)) ----------------------------------------------------------
@@ -244,13 +249,7 @@ def test_a_buffer_given_up_while_another_execute_runs_is_deleted_not_reused(clie
 
 
 def test_recycling_without_the_compiled_fast_path(cpu_library_path):
-    code = textwrap.dedent(f"""
-        import numpy as np
-        from pjrt_plugins.runtime import Client, _fastpath
-        assert _fastpath.library is None
-        client = Client({str(cpu_library_path)!r}, {{"cpu_device_count": 1}}, schema={{"cpu_device_count": int}},
-                        plugin_name="cpu")
-        exe = client.compile({DONATING_ADD!r})
+    _run_without_the_fast_path(cpu_library_path, """
         y = client.buffer_from_host(np.ones(4, dtype=np.float32))
         [[x]] = exe.execute([[client.buffer_from_host(np.arange(4, dtype=np.float32) - 1), y]])
         [[extra]] = exe.execute([[client.buffer_from_host(np.zeros(4, dtype=np.float32)), y]])
@@ -259,10 +258,4 @@ def test_recycling_without_the_compiled_fast_path(cpu_library_path):
             assert out is x and extra.is_deleted
         assert out.to_numpy().tolist() == [3, 4, 5, 6]
         assert len(client._live_buffers) == 2  # x and y: every other handle was freed
-        client.close()
-        print("ok")
     """)
-    env = dict(os.environ, PJRT_PLUGINS_FASTPATH="0")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("ok")

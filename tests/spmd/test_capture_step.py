@@ -105,13 +105,18 @@ def test_a_replayed_training_loop_equals_the_traced_one(engine, compiled):
         torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_replays_donate_the_updated_state(engine):
-    model, batches = _model(), _batches(5)
-    mesh, model, step = _setup(model)
+def _replaying(calls: int, first: int):
+    """A captured step on the devices, its first ``first`` of ``calls`` batches run: (model, step, captured, data)."""
+    mesh, model, step = _setup(_model())
     captured = xs.capture_step(step)
-    data = _on_devices(batches, mesh)
-    for x, y in data[:3]:
+    data = _on_devices(_batches(calls), mesh)
+    for x, y in data[:first]:
         captured(x, y)
+    return model, step, captured, data
+
+
+def test_replays_donate_the_updated_state(engine):
+    model, _, captured, data = _replaying(5, 3)
     before = xs.metrics().donated_buffers
     captured(*data[3])
     # 4 parameters with 2 AdamW moments and a step count each, on 8 devices.
@@ -133,12 +138,7 @@ def _state_buffers(model: nn.Module, optimizer: torch.optim.Optimizer) -> list:
 def test_a_replay_reuses_the_donated_buffers_objects_for_its_outputs(engine):
     """What a replay donates comes back as its outputs' buffer objects, so a step makes almost no objects for
     Python's garbage collector (whose full passes took about 300 ms on a transformers model)."""
-    model, batches = _model(), _batches(6)
-    mesh, model, step = _setup(model)
-    captured = xs.capture_step(step)
-    data = _on_devices(batches, mesh)
-    for x, y in data[:4]:
-        captured(x, y)
+    model, step, captured, data = _replaying(6, 4)
     assert captured.replays == 1
     # Weak references: a strong one would keep the buffers from being donated.
     before = [weakref.ref(b) for b in _state_buffers(model, step.optimizer)]
@@ -149,7 +149,7 @@ def test_a_replay_reuses_the_donated_buffers_objects_for_its_outputs(engine):
     assert all(ref() is not None for ref in before)  # not freed: each wraps a new value (the loss takes 8)
     assert {id(ref()) for ref in before} <= {id(b) for b in after}
     assert not any(b.is_deleted for b in after)
-    _, ref_params = _traced_run(_model(), batches[:5])
+    _, ref_params = _traced_run(_model(), _batches(6)[:5])
     for p, ref in zip(model.parameters(), ref_params):
         assert torch.equal(p.detach().cpu(), ref)
 
