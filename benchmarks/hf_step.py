@@ -45,10 +45,17 @@ the compiled one of ours: every program in a process holding several of our side
 few percent slower (``hf_step_executables.py``), so with one mesh it gives ours a process of its own, as each peer has.
 ``--phases`` runs only our compiled step and splits its Python phase by phase (forward, backward, optimizer,
 ``zero_grad``, the sync around the executable, the garbage collector's time).
+``--processes N`` runs every side, ours too, in N worker processes, created round-robin with another side first
+each time, and gives each side the median of its processes' medians, with a table of each process's. On the
+development machine a process runs the same program at its own speed for its whole life, the first ones created in
+a burst up to 25 % more CPU time (docs/benchmarks.md, "Processes"): with one process per side, which side drew the
+slow process moves a ratio more than anything a side does.
+
+Every round starts with another side (rotated), since a side's time also depends on which ran just before it.
 
 Run: python benchmarks/hf_step.py [--rounds 5] [--steps 5] [--torch-xla-python PATH] [--torchax-python PATH]
      [--meshes data,megatron] [--fused] [--torchax-without-donation] [--ours-without-donation]
-     [--dump-programs DIR] [--compiled-optimizer] [--captured] [--captured-only] [--phases]
+     [--dump-programs DIR] [--compiled-optimizer] [--captured] [--captured-only] [--phases] [--processes N]
 """
 
 from __future__ import annotations
@@ -427,7 +434,82 @@ TORCHAX_NO_DONATION = "torchax, no donation"
 COMPILED_NO_DONATION = "ours torch.compile, no donation"
 COMPILED_OPTIMIZER = "ours torch.compile + compiled AdamW"
 EAGER_CAPTURED, COMPILED_CAPTURED = "ours eager, captured", "ours torch.compile, captured"
-OURS = (EAGER, COMPILED, COMPILED_NO_DONATION, COMPILED_OPTIMIZER, EAGER_CAPTURED, COMPILED_CAPTURED)
+
+
+#: Our sides by name: (compiled, donate, compiled optimizer, captured).
+OUR_SIDES = {EAGER: (False, True, False, False), COMPILED: (True, True, False, False),
+             COMPILED_NO_DONATION: (True, False, False, False), COMPILED_OPTIMIZER: (True, True, True, False),
+             EAGER_CAPTURED: (False, True, False, True), COMPILED_CAPTURED: (True, True, False, True)}
+OURS = tuple(OUR_SIDES)
+
+
+def our_side_names(args: argparse.Namespace) -> list[str]:
+    """The sides of ours the flags ask for, in the order they run."""
+    if args.captured_only:  # one side of ours in this process (the state of the others slows programs)
+        return [COMPILED_CAPTURED]
+    names = [EAGER, COMPILED]
+    if args.ours_without_donation:
+        names.append(COMPILED_NO_DONATION)
+    if args.compiled_optimizer:
+        names.append(COMPILED_OPTIMIZER)
+    if args.captured:
+        names += [EAGER_CAPTURED, COMPILED_CAPTURED]
+    return names
+
+
+def build_our_side(name: str, mesh: str, fused: bool, dump: str | None) -> tuple[TorchSide, dict[str, int], int]:
+    """One side of ours, the HLO counts of the largest program it compiled and how many it compiled; with ``dump``,
+    the compiled step's StableHLO is written there."""
+    compiled, donate, compiled_opt, captured = OUR_SIDES[name]
+    known = _our_programs()
+    side = TorchSide("pjrt", mesh, compiled=compiled, fused=fused, donate=donate, compiled_optimizer=compiled_opt,
+                     captured=captured)
+    new = [p for k, p in _our_programs().items() if k not in known]
+    if dump and compiled and donate and new:
+        step = max(new, key=lambda p: len(p.lowered.text))
+        with open(os.path.join(dump, f"ours-compiled-{mesh}.mlir"), "w") as f:
+            f.write(step.lowered.text)
+    return side, hlo_counts(_largest_hlo(new)), len(new)
+
+
+def our_worker(name: str, mesh_name: str, fused: bool, dump: str | None) -> int:
+    side, hlo, compiled = build_our_side(name, mesh_name, fused, dump)
+    return serve_commands({"hlo": hlo, "compiled": compiled}, lambda words: side.run(int(words[1])))
+
+
+def _start_side(name: str, mesh: str, args: argparse.Namespace, first: bool, in_worker: bool
+                ) -> tuple[Any, dict[str, int]]:
+    """One process's runner of a side (a Worker, or ours in this process) and its step program's HLO counts.
+    Only the ``first`` process of a side dumps programs."""
+    t0 = time.perf_counter()
+    dump = ["--dump-programs", args.dump_programs] if args.dump_programs and first else []
+    hlo: dict[str, int] = {}
+    if name == XLA:
+        runner: Any = Worker(__file__, ["--mesh", mesh], flag="--torch-xla-worker", python=args.torch_xla_python,
+                             env=torch_xla_env())
+        what = (f"PyTorch/XLA {runner.info['version']} (torch {runner.info['torch']}, transformers "
+                f"{runner.info['transformers']})")
+    elif name in (TORCHAX, TORCHAX_NO_DONATION):
+        extra = ["--no-donation"] if name == TORCHAX_NO_DONATION else dump
+        runner = Worker(__file__, ["--mesh", mesh, *extra], flag="--torchax-worker", python=args.torchax_python,
+                        env=torchax_env())
+        hlo = runner.info["hlo"] if name == TORCHAX else {}
+        what = f"{name} {runner.info['version']} (jax {runner.info['jax']}, torch {runner.info['torch']})"
+    elif in_worker:
+        fused = ["--fused"] if args.fused else []
+        runner = Worker(__file__, [name, "--mesh", mesh, *fused, *dump], flag="--ours-worker")
+        hlo, compiled = runner.info["hlo"], runner.info["compiled"]
+        what = f"{name} ({compiled} programs compiled)"
+    else:
+        runner, hlo, compiled = build_our_side(name, mesh, args.fused, args.dump_programs if first else None)
+        what = f"{name} ({compiled} programs compiled)"
+    print(f"{what}, mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    return runner, hlo
+
+
+def _side_ms(per_process: list[dict[str, list]], field: str = "times") -> float:
+    """A side's figure: the median over its processes of each one's median (one process: its median)."""
+    return statistics.median(_ms(got[field]) for got in per_process)
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -435,80 +517,60 @@ def compare(args: argparse.Namespace) -> None:
     import transformers
 
     meshes = args.meshes.split(",")
+    processes = args.processes
     print(f"transformers {transformers.__version__} LlamaForCausalLM: {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads "
           f"({KV_HEADS} key/value), MLP {MLP}, vocab {VOCAB}; batch {BATCH}x{SEQ}, AdamW; meshes {meshes} over 8 CPU "
           f"devices{'; ours with AdamW(fused=True)' if args.fused else ''}; torch {torch.__version__}; "
-          f"{os.cpu_count()} cpus, {_load()}", flush=True)
-    sides: dict[tuple[str, str], Any] = {}
+          f"{os.cpu_count()} cpus, {processes} process(es) per side, {_load()}", flush=True)
+    names = [*([XLA] if args.torch_xla_python else []), *([TORCHAX] if args.torchax_python else []),
+             *([TORCHAX_NO_DONATION] if args.torchax_python and args.torchax_without_donation else []),
+             *our_side_names(args)]
+    # (side, mesh) -> one runner per process. With several processes every side runs in workers, created round-robin
+    # with another side first each time, so that no side has all the first-created processes (which this machine
+    # runs slower for their whole life: docs/benchmarks.md, "Processes")
+    sides: dict[tuple[str, str], list[Any]] = {}
     workers: list[Worker] = []
     hlo: dict[tuple[str, str], dict[str, int]] = {}
     try:
-        for mesh in meshes:
-            if args.torch_xla_python:
-                t0 = time.perf_counter()
-                w = Worker(__file__, ["--mesh", mesh], flag="--torch-xla-worker", python=args.torch_xla_python,
-                           env=torch_xla_env())
-                workers.append(w)
-                sides[(XLA, mesh)] = w
-                print(f"PyTorch/XLA {w.info['version']} (torch {w.info['torch']}, transformers "
-                      f"{w.info['transformers']}), mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s", flush=True)
-            if args.torchax_python:
-                t0 = time.perf_counter()
-                dump = ["--dump-programs", args.dump_programs] if args.dump_programs else []
-                w = Worker(__file__, ["--mesh", mesh, *dump], flag="--torchax-worker", python=args.torchax_python,
-                           env=torchax_env())
-                workers.append(w)
-                sides[(TORCHAX, mesh)] = w
-                hlo[(TORCHAX, mesh)] = w.info["hlo"]
-                print(f"torchax {w.info['version']} (jax {w.info['jax']}, torch {w.info['torch']}), mesh {mesh}: "
-                      f"ready in {time.perf_counter() - t0:.1f} s", flush=True)
-                if args.torchax_without_donation:
-                    w = Worker(__file__, ["--mesh", mesh, "--no-donation"], flag="--torchax-worker",
-                               python=args.torchax_python, env=torchax_env())
-                    workers.append(w)
-                    sides[(TORCHAX_NO_DONATION, mesh)] = w
-            ours = [(EAGER, False, True, False, False), (COMPILED, True, True, False, False)]
-            if args.ours_without_donation:
-                ours.append((COMPILED_NO_DONATION, True, False, False, False))
-            if args.compiled_optimizer:
-                ours.append((COMPILED_OPTIMIZER, True, True, True, False))
-            if args.captured:
-                ours += [(EAGER_CAPTURED, False, True, False, True), (COMPILED_CAPTURED, True, True, False, True)]
-            if args.captured_only:  # one side of ours in this process (the state of the others slows programs)
-                ours = [(COMPILED_CAPTURED, True, True, False, True)]
-            for name, compiled, donate, compiled_opt, captured in ours:
-                t0 = time.perf_counter()
-                known = _our_programs()
-                sides[(name, mesh)] = TorchSide("pjrt", mesh, compiled=compiled, fused=args.fused, donate=donate,
-                                                compiled_optimizer=compiled_opt, captured=captured)
-                new = [p for k, p in _our_programs().items() if k not in known]
-                hlo[(name, mesh)] = hlo_counts(_largest_hlo(new))
-                if args.dump_programs and compiled and donate and new:
-                    step = max(new, key=lambda p: len(p.lowered.text))
-                    with open(os.path.join(args.dump_programs, f"ours-compiled-{mesh}.mlir"), "w") as f:
-                        f.write(step.lowered.text)
-                print(f"{name}, mesh {mesh}: ready in {time.perf_counter() - t0:.1f} s ({len(new)} programs compiled)",
-                      flush=True)
-        results: dict[tuple[str, str], dict[str, list]] = {}
+        for process in range(processes):
+            for mesh in meshes:
+                order = names[process % len(names):] + names[:process % len(names)]
+                for name in order:
+                    runner, counts = _start_side(name, mesh, args, first=process == 0, in_worker=processes > 1)
+                    if isinstance(runner, Worker):
+                        workers.append(runner)
+                    sides.setdefault((name, mesh), []).append(runner)
+                    hlo.setdefault((name, mesh), counts)
+        runners = [(key, i, runner) for key, per_side in sides.items() for i, runner in enumerate(per_side)]
+        results: dict[tuple[str, str], list[dict[str, list]]] = {key: [{} for _ in per_side]
+                                                                  for key, per_side in sides.items()}
         for r in range(args.rounds):
-            for key, side in sides.items():
-                got = side.request("run", args.steps) if isinstance(side, Worker) else side.run(args.steps)
-                acc = results.setdefault(key, {})
+            # the side that runs first changes every round: a side's time also depends on what ran just before it
+            for key, i, runner in runners[r % len(runners):] + runners[:r % len(runners)]:
+                got = runner.request("run", args.steps) if isinstance(runner, Worker) else runner.run(args.steps)
+                acc = results[key][i]
                 for k, v in got.items():
                     acc.setdefault(k, []).extend(v)
             print(f"  round {r + 1} ({_load()}): " + ", ".join(
-                f"{n} {m} {_ms(results[(n, m)]['times'][-args.steps:]):.1f} ms" for n, m in results), flush=True)
+                f"{n} {m} {statistics.median(_ms(got['times'][-args.steps:]) for got in per_process):.1f} ms"
+                for (n, m), per_process in results.items()), flush=True)
     finally:
         for w in workers:
             w.close()
 
+    for (name, _), per_process in results.items():
+        for got in per_process:
+            if name in OURS:
+                got["python"] = [t - e for t, e in zip(got["times"], got["execute"])]
+            elif "dispatch" in got:
+                got["after dispatch"] = [t - d for t, d in zip(got["times"], got["dispatch"])]
     print()
     names = [n for n in (*OURS, XLA, TORCHAX, TORCHAX_NO_DONATION) if any(k[0] == n for k in results)]
     table = Table([("mesh", 10, ""), *((f"{n} ms", max(len(n) + 3, 9), ".1f") for n in names)])
-    print("median step time")
+    print("median step time" + (f" (the median of the {processes} processes' medians)" if processes > 1 else ""))
     print(table.header())
     for mesh in meshes:
-        print(table.row(mesh, *(_ms(results[(n, mesh)]["times"]) if (n, mesh) in results else float("nan")
+        print(table.row(mesh, *(_side_ms(results[(n, mesh)]) if (n, mesh) in results else float("nan")
                                 for n in names)))
     print()
     print("ratios (ours / side, same run)")
@@ -518,8 +580,18 @@ def compare(args: argparse.Namespace) -> None:
                                               for o in our_names for p in peers)])
     print(ratio_table.header())
     for mesh in meshes:
-        print(ratio_table.row(mesh, *(_ms(results[(o, mesh)]["times"]) / _ms(results[(p, mesh)]["times"])
+        print(ratio_table.row(mesh, *(_side_ms(results[(o, mesh)]) / _side_ms(results[(p, mesh)])
                                       for o in our_names for p in peers)))
+    if processes > 1:
+        print()
+        print("each process's median step time (ms), in the order the processes were created: the spread between "
+              "processes of one side is the machine's, not the side's")
+        process_table = Table([("side", 47, ""), *((f"p{i + 1}", 7, ".1f") for i in range(processes)),
+                               ("max/min", 8, ".2f")])
+        print(process_table.header())
+        for (name, mesh), per_process in results.items():
+            medians = [_ms(got["times"]) for got in per_process]
+            print(process_table.row(f"{name}, {mesh}", *medians, max(medians) / min(medians)))
     print()
     print("our step split (medians): python = step - execute; key and after are those of the step's last program; "
           "donated: device buffers given to the step's programs to write their outputs into")
@@ -527,18 +599,17 @@ def compare(args: argparse.Namespace) -> None:
                          ("key", 7, ".2f"), ("after", 7, ".2f"), ("programs", 9, ".0f"), ("ops", 6, ".0f"),
                          ("donated", 8, ".0f")])
     print(split_table.header())
-    for (name, mesh), r in results.items():
+    for (name, mesh), per_process in results.items():
         if name not in OURS:
             continue
-        python = [t - e for t, e in zip(r["times"], r["execute"])]
-        print(split_table.row(f"{name}, {mesh}", _ms(r["times"]), _ms(r["execute"]), _ms(python), _ms(r["key"]),
-                              _ms(r["after"]), statistics.median(r["programs"]), statistics.median(r["ops"]),
-                              statistics.median(r["donated"])))
+        per_step = [statistics.median(v for got in per_process for v in got[k]) for k in ("programs", "ops", "donated")]
+        print(split_table.row(f"{name}, {mesh}", *(_side_ms(per_process, k) for k in
+                                                   ("times", "execute", "python", "key", "after")), *per_step))
     if any(k[0] == TORCHAX for k in results):
         for mesh in meshes:
-            r = results[(TORCHAX, mesh)]
-            print(f"torchax, {mesh}: step {_ms(r['times']):.1f} ms, dispatch {_ms(r['dispatch']):.1f} ms, "
-                  f"executable {_ms([t - d for t, d in zip(r['times'], r['dispatch'])]):.1f} ms after dispatch")
+            torchax = results[(TORCHAX, mesh)]
+            print(f"torchax, {mesh}: step {_side_ms(torchax):.1f} ms, dispatch {_side_ms(torchax, 'dispatch'):.1f} ms, "
+                  f"executable {_side_ms(torchax, 'after dispatch'):.1f} ms after dispatch")
     print()
     print("optimized step program (largest one of the side): instruction counts")
     kinds = [*COLLECTIVES, "fusion", "dot", "custom-call"]
@@ -547,7 +618,8 @@ def compare(args: argparse.Namespace) -> None:
     for (name, mesh), counts in hlo.items():
         if counts:
             print(hlo_table.row(f"{name}, {mesh}", *(counts.get(k, 0) for k in kinds)))
-    print("last losses: " + ", ".join(f"{n} {m} {r['loss'][-1]:.5f}" for (n, m), r in results.items()))
+    print("last losses: " + ", ".join(f"{n} {m} {per_process[0]['loss'][-1]:.5f}"
+                                      for (n, m), per_process in results.items()))
     print(f"done ({_load()})")
 
 
@@ -642,7 +714,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", action="store_true",
                         help="only our compiled step: where its Python goes, phase by phase (forward, backward, "
                              "optimizer, the sync around the executable, the garbage collector)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="worker processes per side (ours too, when more than 1), created round-robin; a side's "
+                             "step time is the median of its processes' medians (this machine runs some processes "
+                             "slower for their whole life: docs/benchmarks.md)")
     parser.add_argument("--mesh", default="data", help=argparse.SUPPRESS)
+    parser.add_argument("--ours-worker", default=None, choices=OUR_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--no-donation", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-xla-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torchax-worker", action="store_true", help=argparse.SUPPRESS)
@@ -652,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
         return torch_xla_worker(args.mesh)
     if args.torchax_worker:
         return torchax_worker(args.mesh, args.dump_programs, donate=not args.no_donation)
+    if args.ours_worker:
+        return our_worker(args.ours_worker, args.mesh, args.fused, args.dump_programs)
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     unknown = set(args.meshes.split(",")) - set(MESHES)
     if unknown:
         parser.error(f"unknown meshes {sorted(unknown)}; choose from {sorted(MESHES)}")
