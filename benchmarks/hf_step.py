@@ -522,9 +522,9 @@ def compare(args: argparse.Namespace) -> None:
           f"({KV_HEADS} key/value), MLP {MLP}, vocab {VOCAB}; batch {BATCH}x{SEQ}, AdamW; meshes {meshes} over 8 CPU "
           f"devices{'; ours with AdamW(fused=True)' if args.fused else ''}; torch {torch.__version__}; "
           f"{os.cpu_count()} cpus, {processes} process(es) per side, {_load()}", flush=True)
-    names = [*([XLA] if args.torch_xla_python else []), *([TORCHAX] if args.torchax_python else []),
-             *([TORCHAX_NO_DONATION] if args.torchax_python and args.torchax_without_donation else []),
-             *our_side_names(args)]
+    run_order = [*([XLA] if args.torch_xla_python else []), *([TORCHAX] if args.torchax_python else []),
+                 *([TORCHAX_NO_DONATION] if args.torchax_python and args.torchax_without_donation else []),
+                 *our_side_names(args)]
     # (side, mesh) -> one runner per process. With several processes every side runs in workers, created round-robin
     # with another side first each time, so that no side has all the first-created processes (which this machine
     # runs slower for their whole life: docs/benchmarks.md, "Processes")
@@ -534,7 +534,8 @@ def compare(args: argparse.Namespace) -> None:
     try:
         for process in range(processes):
             for mesh in meshes:
-                order = names[process % len(names):] + names[:process % len(names)]
+                start = process % len(run_order)
+                order = run_order[start:] + run_order[:start]
                 for name in order:
                     runner, counts = _start_side(name, mesh, args, first=process == 0, in_worker=processes > 1)
                     if isinstance(runner, Worker):
